@@ -1,0 +1,4 @@
+//! Command line.
+pub fn main() -> i32 {
+    0
+}

@@ -1,0 +1,30 @@
+// The one table of every AGENTFS_* knob.
+//
+// This file is data only. `src/knobs.rs` turns it into the typed `Knobs` struct that the
+// program reads, and `build.rs` turns it into KNOBS.md. Each row:
+//   field: Type = default, [min, max], Kind, "AGENTFS_NAME", "meaning";
+// Type is Bool, U64 or Str; for Str the range is unused. Kind is Policy or KillSwitch.
+knob_table! {
+    fuse_max_write: U64 = 1048576, [4096, 16777216], Policy, "AGENTFS_FUSE_MAX_WRITE",
+        "Largest WRITE payload offered to the kernel in bytes; max_pages is derived from it (max_write / 4096).";
+    fuse_readdirplus: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_READDIRPLUS",
+        "Offer READDIRPLUS so a directory listing also returns attributes and entries (0 = plain READDIR only).";
+    fuse_writeback_cache: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_WRITEBACK_CACHE",
+        "Let the kernel buffer writes in the page cache and send them in large batches (0 = write-through).";
+    fuse_threads: U64 = 2, [1, 64], Policy, "AGENTFS_FUSE_THREADS",
+        "Threads reading requests from /dev/fuse; each has its own SQLite read connection.";
+    fuse_entry_ttl_ms: U64 = 1000, [0, 3600000], Policy, "AGENTFS_FUSE_ENTRY_TTL_MS",
+        "How long the kernel may cache a name lookup (positive entries), in milliseconds.";
+    fuse_attr_ttl_ms: U64 = 1000, [0, 3600000], Policy, "AGENTFS_FUSE_ATTR_TTL_MS",
+        "How long the kernel may cache attributes, in milliseconds.";
+    fuse_negative_ttl_ms: U64 = 0, [0, 3600000], Policy, "AGENTFS_FUSE_NEGATIVE_TTL_MS",
+        "How long the kernel may cache a failed lookup, in milliseconds (0 = never).";
+    sqlite_cache_kib: U64 = 16384, [256, 4194304], Policy, "AGENTFS_SQLITE_CACHE_KIB",
+        "SQLite page cache per connection, in KiB.";
+    sqlite_busy_timeout_ms: U64 = 5000, [0, 600000], Policy, "AGENTFS_SQLITE_BUSY_TIMEOUT_MS",
+        "How long a connection waits for a lock held by another process (e.g. an offline `agentfs fs` write).";
+    log: Str = "warn", [0, 0], Policy, "AGENTFS_LOG",
+        "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug).";
+    require_fuse: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_FUSE",
+        "Tests: a missing /dev/fuse is a failure instead of a skip (CI sets 1).";
+}

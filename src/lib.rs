@@ -1,0 +1,15 @@
+//! AgentFS: a POSIX filesystem kept in one SQLite database and served over FUSE.
+//!
+//! A request travels: `transport` (read from /dev/fuse) → `protocol` (bytes to a typed
+//! operation) → `dispatch` (one match, calls the filesystem) → `store` (SQLite, the authority)
+//! and back through `protocol` (reply encoding) to the transport.
+
+pub mod abi;
+pub mod cli;
+pub mod dispatch;
+pub mod errno;
+pub mod knobs;
+pub mod protocol;
+pub mod store;
+pub mod sys;
+pub mod transport;
