@@ -189,7 +189,10 @@ impl Opcode {
 
     /// The opcode with this number, if the 7.45 kernel defines one.
     pub fn from_u32(n: u32) -> Option<Opcode> {
-        Opcode::ALL.iter().copied().find(|op| *op as u32 == n)
+        if n == Opcode::CuseInit as u32 {
+            return Some(Opcode::CuseInit);
+        }
+        BY_NUMBER.get(usize::try_from(n).ok()?).copied().flatten()
     }
 
     /// The kernel's name, e.g. `"FUSE_LOOKUP"`.
@@ -259,6 +262,20 @@ impl Opcode {
         )
     }
 }
+
+/// FUSE opcodes by number (all below 54 except CUSE_INIT), built from [`Opcode::ALL`].
+const BY_NUMBER: [Option<Opcode>; 54] = {
+    let mut table = [None; 54];
+    let mut i = 0;
+    while i < Opcode::ALL.len() {
+        let op = Opcode::ALL[i];
+        if (op as usize) < table.len() {
+            table[op as usize] = Some(op);
+        }
+        i += 1;
+    }
+    table
+};
 
 /// Name of a raw opcode number for logs; `"UNKNOWN"` if the kernel defines none.
 pub fn opcode_name(n: u32) -> &'static str {
@@ -1213,14 +1230,14 @@ pub struct UringEntInOut {
     pub reserved: u64,
 }
 
-/// `struct fuse_uring_req_header`: the header buffer (iov[0]) of a ring entry.
+/// `struct fuse_uring_req_header`: the header buffer (`iov[0]`) of a ring entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct UringReqHeader {
     /// `fuse_in_header` (request) / `fuse_out_header` (reply).
     pub in_out: [u8; FUSE_URING_IN_OUT_HEADER_SZ],
-    /// in_args[0] of the request ([`crate::protocol::op_in_size`] bytes are meaningful).
+    /// `in_args[0]` of the request ([`crate::protocol::op_in_size`] bytes are meaningful).
     pub op_in: [u8; FUSE_URING_OP_IN_OUT_SZ],
     pub ring_ent_in_out: UringEntInOut,
 }
@@ -1331,6 +1348,11 @@ mod tests {
             assert_eq!(Opcode::from_u32(op as u32), Some(op));
             assert!(op.name().starts_with("FUSE_") || op.name().starts_with("CUSE_"));
         }
+        for n in 0..5000u32 {
+            let linear = Opcode::ALL.iter().copied().find(|op| *op as u32 == n);
+            assert_eq!(Opcode::from_u32(n), linear, "{n}");
+        }
+        assert_eq!(Opcode::from_u32(u32::MAX), None);
         assert_eq!(Opcode::from_u32(7), None);
         assert_eq!(Opcode::from_u32(19), None);
         assert_eq!(Opcode::from_u32(54), None);

@@ -386,6 +386,10 @@ pub fn expects_reply(opcode: u32) -> bool {
 }
 
 /// Decode one contiguous message as read from /dev/fuse. `header.len` must equal `msg.len()`.
+///
+/// # Errors
+/// EIO if the header is short or its `len` disagrees with `msg.len()`; EINVAL for malformed
+/// arguments. See [`DecodeError::unique`] for whether to answer.
 pub fn decode(msg: &[u8]) -> Result<Request<'_>, DecodeError> {
     let h = read_header(msg)?;
     if usize::try_from(h.len).ok() != Some(msg.len()) {
@@ -418,6 +422,10 @@ pub fn decode(msg: &[u8]) -> Result<Request<'_>, DecodeError> {
 /// `payload` holds exactly the remaining arguments (`payload_sz` bytes).
 ///
 /// `header.len` is not checked here: on the ring the buffer sizes are authoritative.
+///
+/// # Errors
+/// EIO if `header` is shorter than `fuse_in_header`; EINVAL for a short `op_in` or malformed
+/// arguments.
 pub fn decode_parts<'a>(
     header: &'a [u8],
     op_in: &'a [u8],

@@ -1,5 +1,5 @@
-//! The FUSE wire protocol, independent of the transport: [`decode`] turns request bytes into a
-//! typed [`Operation`], [`reply`] turns answers into bytes. Errno mapping lives in
+//! The FUSE wire protocol, independent of the transport: [`decode()`] turns request bytes into a
+//! typed [`Operation`], [`reply`](mod@reply) turns answers into bytes. Errno mapping lives in
 //! `crate::errno`, not here.
 
 pub mod decode;

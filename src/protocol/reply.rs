@@ -393,7 +393,7 @@ mod tests {
             let typ = u32::from_ne_bytes(b[20..24].try_into().unwrap());
             let n = namelen as usize;
             let name = b[24..24 + n].to_vec();
-            let rec = (24 + n + 7) / 8 * 8;
+            let rec = (24 + n).div_ceil(8) * 8;
             assert!(b[24 + n..rec].iter().all(|&x| x == 0), "padding is zero");
             out.push((ino, off, namelen, typ, name));
             b = &b[rec..];
