@@ -11,9 +11,28 @@
 //! [`Store::reap`] is called after the last FORGET. Orphans left by a crash are reaped by
 //! [`Store::reap_orphans`] when a mount starts.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
 
 use crate::errno::Errno;
+
+mod check;
+mod conn;
+mod data;
+mod dir;
+mod inode;
+mod namespace;
+mod schema;
+mod stat;
+#[cfg(test)]
+mod tests;
+mod xattr;
+
+pub use check::Finding;
+pub use schema::{
+    USER_VERSION_V00, USER_VERSION_V02, USER_VERSION_V03, USER_VERSION_V04, USER_VERSION_V05,
+};
 
 /// An inode number; also the FUSE node id (the root is 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -41,7 +60,8 @@ pub struct Attr {
     pub uid: u32,
     pub gid: u32,
     pub size: u64,
-    /// 512-byte blocks allocated (whole stored chunks; inline bytes rounded up).
+    /// 512-byte blocks allocated: inline bytes rounded up; for a chunked file
+    /// min(stored rows x chunk_size, size) rounded up, so holes do not count.
     pub blocks: u64,
     pub atime: Timespec,
     pub mtime: Timespec,
@@ -173,26 +193,350 @@ pub enum StoreError {
     },
 }
 
-/// An open database.
+/// An open database. `Send + Sync`: share it through an `Arc`.
+///
+/// Lock order: the writer mutex, then (briefly, never while waiting on SQLite) the pool's idle
+/// list. No store lock is held while a [`Liveness`] is consulted except the writer mutex, so a
+/// `Liveness` must not call back into the store.
 pub struct Store {
-    _private: (),
+    path: PathBuf,
+    config: FsConfig,
+    /// The one writer connection (`None` for a read-only open). Holding the mutex is the right
+    /// to run a write transaction: every mutation is exactly one BEGIN IMMEDIATE ... COMMIT
+    /// under it, and [`Store::sync`] holds it so no commit races the barrier.
+    writer: Option<Mutex<conn::Writer>>,
+    /// Read-only connections for lookups, attribute and data reads.
+    readers: conn::Pool,
+    /// Whether fs_xattr exists (a read-only open of a foreign database may lack it).
+    xattrs: bool,
 }
 
 impl Store {
     /// Create a new database at `path` with the SPEC schema, config rows and root inode.
-    /// Fails with `Exists` if the file exists.
+    /// Fails with `Exists` if the file exists, `Invalid` for a chunk_size that is not a power
+    /// of two in 512..=1 MiB or an inline_threshold above chunk_size.
     pub fn create(path: &Path, opts: &InitOptions) -> Result<(), StoreError> {
-        let _ = (path, opts);
-        todo!()
+        schema::create(path, opts)
     }
 
-    /// Open an existing v0.5 database. Refuses non-SQLite files and other schema versions.
+    /// Open an existing v0.5 database. Refuses non-SQLite files (`NotSqlite`), older schemas
+    /// (`OldSchema`, naming `agentfs migrate`) and unknown versions (`UnknownSchema`) without
+    /// modifying them. Honours the chunk_size and inline_threshold recorded in fs_config.
+    /// A writable open switches the file to WAL and adds missing extension objects.
     pub fn open(path: &Path, readonly: bool) -> Result<Store, StoreError> {
-        let _ = (path, readonly);
-        todo!()
+        let config = schema::inspect(path)?;
+        let sqlite = |source| StoreError::Sqlite {
+            path: path.display().to_string(),
+            source,
+        };
+        let writer = if readonly {
+            None
+        } else {
+            let w = conn::Writer::open(path).map_err(sqlite)?;
+            schema::ensure_extensions(&w.conn).map_err(sqlite)?;
+            Some(Mutex::new(w))
+        };
+        let readers = conn::Pool::new(path);
+        let xattrs = readers
+            .read(|c| Ok(schema::has_xattr_table(c)?))
+            .map_err(|e| StoreError::Io {
+                path: path.display().to_string(),
+                source: std::io::Error::from_raw_os_error(e.0),
+            })?;
+        Ok(Store {
+            path: path.to_path_buf(),
+            config,
+            writer,
+            readers,
+            xattrs,
+        })
     }
 
+    /// The layout recorded in fs_config.
     pub fn config(&self) -> FsConfig {
-        todo!()
+        self.config
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// One write transaction (EROFS on a read-only open).
+    fn write_tx<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        let w = self.writer.as_ref().ok_or(Errno::EROFS)?;
+        w.lock().transact(f)
+    }
+
+    /// One read transaction on a pooled read connection.
+    fn read_tx<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        self.readers.read(f)
+    }
+
+    /// The entry `name` in directory `parent`: ENOENT, ENOTDIR (parent), ENAMETOOLONG.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+        self.read_tx(|c| dir::lookup(c, &self.config, parent, name))
+    }
+
+    /// An inode's attributes (orphans included); ENOENT if it does not exist.
+    pub fn getattr(&self, ino: Ino) -> Result<Attr, Errno> {
+        self.read_tx(|c| inode::attr_of(c, &self.config, ino))
+    }
+
+    /// Change the fields present in `set` in one transaction. A size change truncates or
+    /// extends (EISDIR on directories, EINVAL on other non-regular files) and sets mtime;
+    /// ctime becomes `set.ctime` or now whenever anything is set.
+    pub fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr, Errno> {
+        self.write_tx(|c| stat::setattr(c, &self.config, ino, set, inode::now()))
+    }
+
+    /// A symlink's target; EINVAL if `ino` is not a symlink.
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>, Errno> {
+        self.read_tx(|c| namespace::readlink(c, ino))
+    }
+
+    /// Create a regular or special file (`mode` carries S_IFMT; 0 means regular). EEXIST if
+    /// the name exists, EINVAL for directories/symlinks (use mkdir/symlink).
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> Result<Attr, Errno> {
+        let kind = namespace::NewKind::Node { mode, rdev };
+        self.write_tx(|c| {
+            namespace::create(c, &self.config, parent, name, kind, caller, inode::now())
+        })
+    }
+
+    /// Create a directory (inherits S_ISGID and the group from a setgid parent).
+    pub fn mkdir(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        caller: Caller,
+    ) -> Result<Attr, Errno> {
+        let kind = namespace::NewKind::Dir { perm: mode };
+        self.write_tx(|c| {
+            namespace::create(c, &self.config, parent, name, kind, caller, inode::now())
+        })
+    }
+
+    /// Create a symlink to `target` (stored verbatim, never followed here).
+    pub fn symlink(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+        caller: Caller,
+    ) -> Result<Attr, Errno> {
+        let kind = namespace::NewKind::Symlink { target };
+        self.write_tx(|c| {
+            namespace::create(c, &self.config, parent, name, kind, caller, inode::now())
+        })
+    }
+
+    /// A new name for `ino`; EPERM on directories, ENOENT for an unlinked inode.
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr, Errno> {
+        self.write_tx(|c| namespace::link(c, &self.config, ino, newparent, newname, inode::now()))
+    }
+
+    /// Remove a non-directory name (EISDIR on directories). If it was the last name, `live`
+    /// decides inside the transaction whether the rows stay as an orphan.
+    pub fn unlink(&self, parent: Ino, name: &[u8], live: &dyn Liveness) -> Result<(), Errno> {
+        self.write_tx(|c| namespace::remove(c, parent, name, false, live, inode::now()))
+    }
+
+    /// Remove an empty directory: ENOTEMPTY, ENOTDIR, EINVAL for ".".
+    pub fn rmdir(&self, parent: Ino, name: &[u8], live: &dyn Liveness) -> Result<(), Errno> {
+        self.write_tx(|c| namespace::remove(c, parent, name, true, live, inode::now()))
+    }
+
+    /// rename/RENAME2 with the POSIX rules: same inode is a no-op; ENOTEMPTY, ENOTDIR, EISDIR
+    /// for incompatible targets; EINVAL for moving a directory below itself or both flags;
+    /// `noreplace` EEXIST; `exchange` swaps two existing entries atomically (ENOENT).
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        flags: RenameFlags,
+        live: &dyn Liveness,
+    ) -> Result<(), Errno> {
+        self.write_tx(|c| {
+            namespace::rename(
+                c,
+                parent,
+                name,
+                newparent,
+                newname,
+                flags,
+                live,
+                inode::now(),
+            )
+        })
+    }
+
+    /// Delete an orphan's rows if its nlink is 0 (no-op otherwise); call after the last FORGET.
+    pub fn reap(&self, ino: Ino) -> Result<(), Errno> {
+        self.write_tx(|c| namespace::reap(c, ino))
+    }
+
+    /// Delete every inode with nlink 0 (never the root); for mount start. Returns the count.
+    pub fn reap_orphans(&self) -> Result<u64, Errno> {
+        self.write_tx(namespace::reap_orphans)
+    }
+
+    /// Up to `size` bytes at `offset`: short at EOF, holes read as zeros; EISDIR on
+    /// directories, EINVAL on other non-regular files. atime is not updated.
+    pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        self.read_tx(|c| data::read(c, &self.config, ino, offset, u64::from(size)))
+    }
+
+    /// Write `data` at `offset` in one transaction; extends the size, sets mtime and ctime.
+    pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u32, Errno> {
+        self.write_tx(|c| data::write(c, &self.config, ino, offset, data, inode::now()))
+    }
+
+    /// fallocate: mode 0 (extend size), KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE; else EOPNOTSUPP.
+    pub fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: u32) -> Result<(), Errno> {
+        self.write_tx(|c| data::fallocate(c, &self.config, ino, offset, length, mode, inode::now()))
+    }
+
+    /// SEEK_DATA / SEEK_HOLE; ENXIO at or past EOF (or no data after `offset`).
+    pub fn lseek(&self, ino: Ino, offset: u64, whence: u32) -> Result<u64, Errno> {
+        self.read_tx(|c| data::lseek(c, &self.config, ino, offset, whence))
+    }
+
+    /// Copy bytes between regular files in one transaction; short at the input's EOF.
+    /// EINVAL for overlapping ranges within one file.
+    pub fn copy_file_range(
+        &self,
+        ino_in: Ino,
+        off_in: u64,
+        ino_out: Ino,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u64, Errno> {
+        self.write_tx(|c| {
+            data::copy_range(
+                c,
+                &self.config,
+                ino_in,
+                off_in,
+                ino_out,
+                off_out,
+                len,
+                inode::now(),
+            )
+        })
+    }
+
+    /// The durability barrier: returns after everything committed before the call is on
+    /// stable storage (an fdatasync of the -wal file, or of the main file when there is no
+    /// WAL). fsync, fdatasync, syncfs and unmount call this. A no-op on a read-only open.
+    pub fn sync(&self) -> Result<(), Errno> {
+        match &self.writer {
+            Some(w) => w.lock().sync(&self.path),
+            None => Ok(()),
+        }
+    }
+
+    /// Up to `max_entries` entries after cookie `offset` ("." and ".." first).
+    pub fn readdir(
+        &self,
+        ino: Ino,
+        offset: u64,
+        max_entries: usize,
+    ) -> Result<Vec<DirEntry>, Errno> {
+        self.read_tx(|c| {
+            Ok(dir::list(c, ino, offset, max_entries)?
+                .into_iter()
+                .map(|(e, _)| e)
+                .collect())
+        })
+    }
+
+    /// readdir plus each entry's attributes.
+    pub fn readdirplus(
+        &self,
+        ino: Ino,
+        offset: u64,
+        max_entries: usize,
+    ) -> Result<Vec<(DirEntry, Attr)>, Errno> {
+        self.read_tx(|c| dir::list_plus(c, &self.config, ino, offset, max_entries))
+    }
+
+    /// Filesystem numbers from SQLite page counts, the inode sequence and the host filesystem;
+    /// never scans a table.
+    pub fn statfs(&self) -> Result<StatFs, Errno> {
+        self.read_tx(|c| stat::statfs(c, &self.path))
+    }
+
+    /// Set an attribute: XATTR_CREATE → EEXIST, XATTR_REPLACE → ENODATA, names over 255
+    /// bytes → ERANGE, values over 64 KiB → E2BIG.
+    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
+        self.write_tx(|c| xattr::set(c, ino, name, value, flags, inode::now()))
+    }
+
+    /// An attribute's value; ENODATA if absent.
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>, Errno> {
+        if !self.xattrs {
+            self.getattr(ino)?;
+            return Err(Errno::ENODATA);
+        }
+        self.read_tx(|c| xattr::get(c, ino, name))
+    }
+
+    /// Every attribute name, each NUL-terminated.
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>, Errno> {
+        if !self.xattrs {
+            self.getattr(ino)?;
+            return Ok(Vec::new());
+        }
+        self.read_tx(|c| xattr::list(c, ino))
+    }
+
+    /// Remove an attribute; ENODATA if absent.
+    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<(), Errno> {
+        self.write_tx(|c| xattr::remove(c, ino, name, inode::now()))
+    }
+
+    /// Resolve an absolute path without following symlinks (for `agentfs fs`).
+    pub fn resolve(&self, path: &[u8]) -> Result<Ino, Errno> {
+        self.read_tx(|c| dir::resolve(c, path))
+    }
+
+    /// Fold the WAL into the main file and truncate it (clean unmount); so a copy of the main
+    /// file alone is complete. A no-op on a read-only open.
+    pub fn checkpoint(&self) -> Result<(), Errno> {
+        let Some(w) = &self.writer else {
+            return Ok(());
+        };
+        let w = w.lock();
+        let (busy, _, _): (i64, i64, i64) =
+            w.conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?;
+        if busy != 0 {
+            return Err(Errno::EBUSY);
+        }
+        Ok(())
+    }
+
+    /// Run the consistency checker (see [`check`](check::check) for the rule names).
+    pub fn check(&self) -> Result<Vec<Finding>, Errno> {
+        self.read_tx(|c| check::check(c, &self.config))
     }
 }

@@ -1,0 +1,126 @@
+//! Directory listing and path resolution.
+//!
+//! readdir cookies: 1 resumes after ".", 2 after "..", and `id + 2` after the entry whose
+//! fs_dentry.id is `id`. Entries are listed in id order through idx_fs_dentry_parent_id, so a
+//! listing resumed at a cookie never repeats or skips an entry that survived in between
+//! (new entries get larger ids; a renamed entry keeps its id).
+
+use rusqlite::Connection;
+
+use super::inode::{
+    attr, bytes_of, dentry, dir_meta, meta, meta_from_row, parent_of_dir, sql_ino, Meta, META_COLS,
+    NAME_MAX, S_IFMT,
+};
+use super::{Attr, DirEntry, FsConfig, Ino};
+use crate::errno::Errno;
+
+const COOKIE_DOT: u64 = 1;
+const COOKIE_DOTDOT: u64 = 2;
+
+/// Up to `max` entries after cookie `offset`, each with its inode row.
+pub fn list(
+    c: &Connection,
+    ino: Ino,
+    offset: u64,
+    max: usize,
+) -> Result<Vec<(DirEntry, Meta)>, Errno> {
+    let me = dir_meta(c, ino)?;
+    let mut out = Vec::new();
+    if max == 0 {
+        return Ok(out);
+    }
+    if offset < COOKIE_DOT {
+        out.push((entry(&me, b".", COOKIE_DOT), me.clone()));
+    }
+    if offset < COOKIE_DOTDOT && out.len() < max {
+        let up = meta(c, parent_of_dir(c, ino)?)?;
+        out.push((entry(&up, b"..", COOKIE_DOTDOT), up));
+    }
+    let after = offset.saturating_sub(COOKIE_DOTDOT).min(i64::MAX as u64) as i64;
+    let want = (max - out.len()) as i64;
+    if want == 0 {
+        return Ok(out);
+    }
+    let cols = META_COLS
+        .split(", ")
+        .map(|col| format!("i.{}", col.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut st = c.prepare_cached(&format!(
+        "SELECT {cols}, d.id, d.name FROM fs_dentry d JOIN fs_inode i ON i.ino = d.ino
+         WHERE d.parent_ino = ?1 AND d.id > ?2 ORDER BY d.id LIMIT ?3"
+    ))?;
+    let rows = st.query_map((sql_ino(ino)?, after, want), |r| {
+        let m = meta_from_row(r)?;
+        let id: i64 = r.get(14)?;
+        let name = bytes_of(r.get_ref(15)?);
+        Ok((id, name, m))
+    })?;
+    for row in rows {
+        let (id, name, m) = row?;
+        let e = entry(&m, &name, id as u64 + COOKIE_DOTDOT);
+        out.push((e, m));
+    }
+    Ok(out)
+}
+
+fn entry(m: &Meta, name: &[u8], offset: u64) -> DirEntry {
+    DirEntry {
+        ino: m.ino,
+        name: name.to_vec(),
+        kind: m.mode & S_IFMT,
+        offset,
+    }
+}
+
+/// readdirplus: the listing plus each entry's attributes.
+pub fn list_plus(
+    c: &Connection,
+    cfg: &FsConfig,
+    ino: Ino,
+    offset: u64,
+    max: usize,
+) -> Result<Vec<(DirEntry, Attr)>, Errno> {
+    list(c, ino, offset, max)?
+        .into_iter()
+        .map(|(e, m)| Ok((e, attr(c, cfg, &m)?)))
+        .collect()
+}
+
+/// lookup: "." and ".." are answered from the directory itself.
+pub fn lookup(c: &Connection, cfg: &FsConfig, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+    if name.len() > NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    dir_meta(c, parent)?;
+    let ino = match name {
+        b"." => parent,
+        b".." => parent_of_dir(c, parent)?,
+        _ => dentry(c, parent, name)?.ok_or(Errno::ENOENT)?.1,
+    };
+    attr(c, cfg, &meta(c, ino)?)
+}
+
+/// Resolve an absolute path without following symlinks ("." and ".." are understood).
+pub fn resolve(c: &Connection, path: &[u8]) -> Result<Ino, Errno> {
+    if path.first() != Some(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    let mut cur = Ino::ROOT;
+    for comp in path.split(|b| *b == b'/') {
+        if comp.is_empty() || comp == b"." {
+            dir_meta(c, cur)?;
+            continue;
+        }
+        if comp.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        dir_meta(c, cur)?;
+        cur = if comp == b".." {
+            parent_of_dir(c, cur)?
+        } else {
+            dentry(c, cur, comp)?.ok_or(Errno::ENOENT)?.1
+        };
+    }
+    Ok(cur)
+}

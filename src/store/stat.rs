@@ -1,0 +1,133 @@
+//! setattr and statfs.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension};
+
+use super::inode::{attr_of, meta, sql_ino, S_IFMT};
+use super::{Attr, FsConfig, Ino, SetAttr, StatFs, TimeSet, Timespec};
+use crate::errno::Errno;
+
+fn resolve_time(t: TimeSet, now: Timespec) -> Result<Timespec, Errno> {
+    match t {
+        TimeSet::Now => Ok(now),
+        TimeSet::At(ts) if ts.nsec < 1_000_000_000 => Ok(ts),
+        TimeSet::At(_) => Err(Errno::EINVAL),
+    }
+}
+
+/// Apply a SETATTR in the caller's transaction.
+pub fn setattr(
+    c: &Connection,
+    cfg: &FsConfig,
+    ino: Ino,
+    set: &SetAttr,
+    now: Timespec,
+) -> Result<Attr, Errno> {
+    let m = meta(c, ino)?;
+    let id = sql_ino(ino)?;
+    let nothing = set.mode.is_none()
+        && set.uid.is_none()
+        && set.gid.is_none()
+        && set.size.is_none()
+        && set.atime.is_none()
+        && set.mtime.is_none()
+        && set.ctime.is_none();
+    if nothing {
+        return attr_of(c, cfg, ino);
+    }
+    if let Some(size) = set.size {
+        if m.is_dir() {
+            return Err(Errno::EISDIR);
+        }
+        if !m.is_reg() {
+            return Err(Errno::EINVAL);
+        }
+        super::data::truncate(c, cfg, ino, size, now)?;
+    }
+    if let Some(mode) = set.mode {
+        c.prepare_cached("UPDATE fs_inode SET mode = ?2 WHERE ino = ?1")?
+            .execute((id, (m.mode & S_IFMT) | (mode & 0o7777)))?;
+    }
+    if let Some(uid) = set.uid {
+        c.prepare_cached("UPDATE fs_inode SET uid = ?2 WHERE ino = ?1")?
+            .execute((id, uid))?;
+    }
+    if let Some(gid) = set.gid {
+        c.prepare_cached("UPDATE fs_inode SET gid = ?2 WHERE ino = ?1")?
+            .execute((id, gid))?;
+    }
+    if let Some(t) = set.atime {
+        let t = resolve_time(t, now)?;
+        c.prepare_cached("UPDATE fs_inode SET atime = ?2, atime_nsec = ?3 WHERE ino = ?1")?
+            .execute((id, t.sec, t.nsec))?;
+    }
+    if let Some(t) = set.mtime {
+        let t = resolve_time(t, now)?;
+        c.prepare_cached("UPDATE fs_inode SET mtime = ?2, mtime_nsec = ?3 WHERE ino = ?1")?
+            .execute((id, t.sec, t.nsec))?;
+    }
+    let ct = resolve_time(set.ctime.map_or(TimeSet::Now, TimeSet::At), now)?;
+    c.prepare_cached("UPDATE fs_inode SET ctime = ?2, ctime_nsec = ?3 WHERE ino = ?1")?
+        .execute((id, ct.sec, ct.nsec))?;
+    attr_of(c, cfg, ino)
+}
+
+/// Block size statfs reports.
+const BSIZE: u64 = 4096;
+
+/// The host filesystem's free bytes (for the caller) and total bytes, if statvfs works.
+fn host_space(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call and `st` points to writable
+    // memory of the right type; statvfs initialises it fully when it returns 0.
+    // (This belongs in sys/ once that module grows a statvfs wrapper.)
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: rc == 0, so statvfs filled the struct.
+    let st = unsafe { st.assume_init() };
+    let frsize = st.f_frsize as u64;
+    Some((st.f_bavail as u64 * frsize, st.f_blocks as u64 * frsize))
+}
+
+/// statfs from page counts and the inode sequence: no table scans. Capacity is the database's
+/// used pages plus its free pages plus what the host filesystem can still give it.
+pub fn statfs(c: &Connection, path: &Path) -> Result<StatFs, Errno> {
+    let page_size: i64 = c.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    let pages: i64 = c.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+    let free: i64 = c.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
+    let seq: i64 = c
+        .query_row(
+            "SELECT seq FROM sqlite_sequence WHERE name = 'fs_inode'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?
+        .unwrap_or(1);
+    let ps = page_size.max(0) as u64;
+    let used = (pages - free).max(0) as u64 * ps;
+    let (host_free, _) = host_space(path).unwrap_or((0, 0));
+    let free_bytes = free.max(0) as u64 * ps + host_free;
+    let blocks = (used + free_bytes) / BSIZE;
+    let bfree = free_bytes / BSIZE;
+    // One inode costs at least a row of a few dozen bytes; estimate one per 512 free bytes.
+    let ffree = free_bytes / 512;
+    Ok(StatFs {
+        blocks,
+        bfree,
+        bavail: bfree,
+        files: seq.max(1) as u64 + ffree,
+        ffree,
+        bsize: BSIZE as u32,
+        namelen: super::inode::NAME_MAX as u32,
+        frsize: BSIZE as u32,
+    })
+}
