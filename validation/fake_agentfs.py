@@ -15,6 +15,10 @@ integrity check has something to check:
 A SIGKILLed fake server leaves its bind mount behind, like a dead FUSE server
 leaves a dead mount, so the gate's cleanup path (umount -l) is exercised.
 
+With FAKE_AGENTFS_FUSE=bindfs (and bindfs installed) `mount` execs
+`bindfs -f DB.data MNT` instead: a real FUSE server, so killing it leaves a
+dead FUSE mount (ENOTCONN) and exercises the fusectl abort path too.
+
 Fault injection for negative tests (environment variables):
     FAKE_AGENTFS_CORRUPT=1   on every mount, flip one byte of the largest
                              file in the tree (the gate must FAIL)
@@ -81,6 +85,11 @@ def main(argv):
         con.execute("INSERT INTO mounts VALUES (?)", (time.time(),))
         con.commit()
         inject_faults(db + ".data")
+        if os.environ.get("FAKE_AGENTFS_FUSE") == "bindfs":
+            # A real FUSE server: this process becomes bindfs, so SIGKILL
+            # leaves a dead FUSE mount (ENOTCONN) exactly like agentfs would.
+            con.close()
+            os.execvp("bindfs", ["bindfs", "-f", "--no-allow-other", db + ".data", mnt])
         rc = subprocess.call(["mount", "--bind", db + ".data", mnt])
         if rc != 0:
             return 1

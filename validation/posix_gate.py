@@ -709,13 +709,11 @@ def _(t):
 def _(t):
     write_file(t.p("a"), b"A")
     write_file(t.p("b"), b"B")
-    try:
-        renameat2(t.p("a"), t.p("b"), RENAME_NOREPLACE)
-        fail("RENAME_NOREPLACE onto existing: expected EEXIST, but it succeeded")
-    except OSError as e:
-        if e.errno == errno.EINVAL and os.path.exists(t.p("a")):
-            raise Skip("RENAME_NOREPLACE not supported (EINVAL)")
-        expect_eq(ename(e.errno), "EEXIST", "RENAME_NOREPLACE onto existing")
+    # Note: the VFS itself refuses an existing target with EEXIST before the
+    # filesystem is asked, so the rename to a fresh name below is the part
+    # that shows whether the filesystem supports the flag (else EINVAL).
+    expect_errno(errno.EEXIST, renameat2, t.p("a"), t.p("b"), RENAME_NOREPLACE,
+                 what="RENAME_NOREPLACE onto existing")
     expect_eq((read_file(t.p("a")), read_file(t.p("b"))), (b"A", b"B"), "contents after refused rename")
     renameat2(t.p("a"), t.p("c"), RENAME_NOREPLACE)
     expect(not os.path.lexists(t.p("a")), "source still there")
@@ -728,12 +726,7 @@ def _(t):
     os.mkdir(t.p("d"))
     touch(t.p("d", "inside"))
     fi, di = os.stat(t.p("f")).st_ino, os.stat(t.p("d")).st_ino
-    try:
-        renameat2(t.p("f"), t.p("d"), RENAME_EXCHANGE)
-    except OSError as e:
-        if e.errno == errno.EINVAL:
-            raise Skip("RENAME_EXCHANGE not supported (EINVAL)")
-        raise
+    renameat2(t.p("f"), t.p("d"), RENAME_EXCHANGE)  # EINVAL here = flag unsupported: FAIL
     expect(os.path.isdir(t.p("f")) and os.path.isfile(t.p("d")), "types not swapped")
     expect_eq(os.stat(t.p("f")).st_ino, di, "inode now at 'f'")
     expect_eq(os.stat(t.p("d")).st_ino, fi, "inode now at 'd'")
@@ -1042,6 +1035,7 @@ def _(t):
 
 @check("chmod.user_permissions")
 def _(t):
+    need_root()  # switches to ordinary uids
     touch(t.p("mine"))
     os.chown(t.p("mine"), UID_A, GID_A)
     touch(t.p("other"))  # owned by root
@@ -1057,6 +1051,7 @@ def _(t):
 
 @check("chown.user_permissions")
 def _(t):
+    need_root()  # switches to ordinary uids
     touch(t.p("mine"))
     os.chown(t.p("mine"), UID_A, GID_A)
     touch(t.p("other"))
@@ -1138,6 +1133,7 @@ def _(t):
 
 @check("utime.user_permissions")
 def _(t):
+    need_root()  # switches to ordinary uids
     touch(t.p("rw"), 0o666)
     os.chmod(t.p("rw"), 0o666)
     touch(t.p("ro"), 0o644)
@@ -1157,6 +1153,7 @@ def _(t):
 
 @check("perm.user_can_use_mount")
 def _(t):
+    need_root()  # switches to ordinary uids
     os.chmod(t.dir, 0o755)
     touch(t.p("f"))
     res = as_user(lambda: (os.stat("f").st_size, os.listdir(".")), cwd=t.dir)
@@ -1167,6 +1164,7 @@ def _(t):
 
 @check("perm.no_read_no_write_eacces")
 def _(t):
+    need_root()  # switches to ordinary uids
     write_file(t.p("secret"), b"s", mode=0o600)
     os.chmod(t.p("secret"), 0o600)
     user_errno(errno.EACCES, lambda: os.open("secret", os.O_RDONLY), "open 0600 root file", cwd=t.dir)
@@ -1192,6 +1190,7 @@ def _(t):
 
 @check("perm.no_write_on_dir_eacces")
 def _(t):
+    need_root()  # switches to ordinary uids
     os.mkdir(t.p("d"), 0o755)
     os.chmod(t.p("d"), 0o755)
     touch(t.p("d", "f"), 0o666)
@@ -1209,6 +1208,7 @@ def _(t):
 
 @check("perm.no_search_on_dir_eacces")
 def _(t):
+    need_root()  # switches to ordinary uids
     os.mkdir(t.p("d"))
     touch(t.p("d", "f"), 0o644)
     os.chmod(t.p("d"), 0o744)  # r but no x for others
@@ -1224,6 +1224,7 @@ def _(t):
 
 @check("perm.sticky_dir")
 def _(t):
+    need_root()  # switches to ordinary uids
     os.mkdir(t.p("tmp"))
     os.chmod(t.p("tmp"), 0o1777)
 
@@ -1283,6 +1284,7 @@ def _(t):
 
 @check("perm.new_file_owner")
 def _(t):
+    need_root()  # switches to ordinary uids
     os.chmod(t.dir, 0o777)
 
     def create():
@@ -2050,6 +2052,7 @@ def _(t):
 
 @check("xattr.user_permissions")
 def _(t):
+    need_root()  # switches to ordinary uids
     touch(t.p("f"), 0o644)
     _xattr_or_skip(t.p("f"))
     os.setxattr(t.p("f"), "user.r", b"readable")
@@ -2191,7 +2194,13 @@ def _(t):
         expect_errno(errno.ENOENT, os.open, "new", os.O_CREAT | os.O_WRONLY, 0o644,
                      what="create in removed cwd")
         expect_errno(errno.ENOENT, os.mkdir, "newdir", what="mkdir in removed cwd")
-        expect_eq(os.listdir("."), [], "listing of removed cwd")
+        # ext4/tmpfs list it as empty; getdents on a dead directory may also
+        # be ENOENT (fs/readdir.c: IS_DEADDIR), e.g. on FUSE mounts.
+        try:
+            listing = os.listdir(".")
+        except FileNotFoundError:
+            listing = []
+        expect_eq(listing, [], "listing of removed cwd")
     finally:
         os.chdir("/")
 
