@@ -13,9 +13,8 @@ this docstring):
                                IS the server. The mount is live once
                                os.path.ismount(MNT) is true (polled <= 10 s).
     agentfs umount MNT         unmount cleanly; the foreground server then exits
-    agentfs check DB           optional consistency check, exit 0 = consistent;
-                               a usage error (exit 2 mentioning "subcommand") is
-                               taken as "not implemented" and skipped
+    agentfs integrity DB       consistency check: exit 0 clean, 1 findings,
+                               2 could not check
 
 Per round:
   1. start `agentfs mount DB MNT -f` (a subprocess we own by pid), wait for
@@ -37,7 +36,7 @@ Per round:
      FUSE connection is aborted via fusectl if they are stuck).
   4. clean the dead mount (`umount -l`, fusectl abort if needed), run
      PRAGMA integrity_check on a COPY of DB (+ -wal) with Python's sqlite3,
-     and `agentfs check DB` if it exists;
+     and `agentfs integrity DB`;
   5. remount and verify:
        * every durable file exists with exactly its journaled size and sha256;
        * every other file in MNT/rNNN is a name some intent/rename journaled
@@ -594,14 +593,12 @@ def integrity_check(db, scratch):
 
 
 def agentfs_check(db):
-    """Returns (status, detail): status in {'ok', 'skip', 'fail'}."""
-    rc, out = run(AGENTFS + ["check", db], timeout=300)
+    """Returns (status, detail): status 'ok' or 'fail'. `agentfs integrity` exits 0 when
+    clean, 1 with findings, 2 when it could not check."""
+    rc, out = run(AGENTFS + ["integrity", db], timeout=300)
     if rc == 0:
         return "ok", ""
-    low = out.lower()
-    if rc == 2 and ("subcommand" in low or "usage" in low):
-        return "skip", "no 'check' subcommand"
-    return "fail", "agentfs check rc %s: %s" % (rc, out.strip()[-400:])
+    return "fail", "agentfs integrity rc %s: %s" % (rc, out.strip()[-400:])
 
 
 # --------------------------------------------------------------------------

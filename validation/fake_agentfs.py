@@ -9,8 +9,7 @@ integrity check has something to check:
     fake_agentfs.py mount DB MNT -f     bind-mounts DB.data on MNT, then stays
                                         in the foreground until MNT is unmounted
     fake_agentfs.py umount MNT
-    fake_agentfs.py check DB            only if FAKE_AGENTFS_CHECK=1, else a
-                                        clap-like usage error (exit 2)
+    fake_agentfs.py integrity DB        PRAGMA quick_check: exit 0 ok, 1 not
 
 A SIGKILLed fake server leaves its bind mount behind, like a dead FUSE server
 leaves a dead mount, so the gate's cleanup path (umount -l) is exercised.
@@ -102,7 +101,7 @@ def main(argv):
         return 0
     if cmd == "umount" and len(rest) == 1:
         return subprocess.call(["umount", rest[0]])
-    if cmd == "check" and len(rest) == 1 and os.environ.get("FAKE_AGENTFS_CHECK") == "1":
+    if cmd == "integrity" and len(rest) == 1:
         con = sqlite3.connect(rest[0])
         ok = con.execute("PRAGMA quick_check").fetchall() == [("ok",)]
         return 0 if ok else 1

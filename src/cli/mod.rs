@@ -1,4 +1,80 @@
-//! Command line.
+//! The command line: one module per subcommand. Every failure is one line on stderr and a
+//! non-zero exit status.
+
+mod fs;
+mod init;
+mod integrity;
+mod mount;
+mod status;
+mod umount;
+
+use clap::{Parser, Subcommand};
+
+/// AgentFS: a POSIX filesystem stored in one SQLite database.
+#[derive(Parser, Debug)]
+#[command(name = "agentfs", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create a new database with the SPEC v0.5 schema.
+    Init(init::Args),
+    /// Mount a database (created with defaults when absent) and serve it in the background.
+    Mount(mount::Args),
+    /// Unmount a mounted database and wait for its server to finish.
+    Umount(umount::Args),
+    /// Read or change a database's files without mounting it (safe while mounted).
+    Fs(fs::Args),
+    /// List live mounts, their databases and server pids.
+    Status(status::Args),
+    /// Check a database: SQLite integrity plus every SPEC consistency rule.
+    Integrity(integrity::Args),
+    /// Print the knob ledger (KNOBS.md).
+    Knobs,
+}
+
+/// A failure of a subcommand, printed as `agentfs: <message>`.
+pub type CliResult = Result<i32, String>;
+
 pub fn main() -> i32 {
-    0
+    let cli = Cli::parse();
+    let knobs = match crate::knobs::load() {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("agentfs: {e}");
+            return 2;
+        }
+    };
+    init_logging(&knobs.log);
+    let result = match cli.command {
+        Command::Init(a) => init::run(a),
+        Command::Mount(a) => mount::run(a, knobs),
+        Command::Umount(a) => umount::run(a),
+        Command::Fs(a) => fs::run(a),
+        Command::Status(a) => status::run(a),
+        Command::Integrity(a) => integrity::run(a),
+        Command::Knobs => {
+            print!("{}", crate::knobs::LEDGER_MARKDOWN);
+            Ok(0)
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("agentfs: {msg}");
+            1
+        }
+    }
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

@@ -1,1 +1,396 @@
-//! dispatch
+//! The dispatcher: one exhaustive match from a decoded request to the store, and the reply.
+//!
+//! Every transport thread calls [`Dispatcher::handle`] concurrently; the store serialises
+//! mutations on its writer connection and serves reads from per-thread read connections.
+
+mod attr;
+mod refs;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::abi;
+use crate::errno::Errno;
+use crate::knobs::Knobs;
+use crate::protocol::{reply, DirBuf, DirPlusBuf, Operation, Reply, Request};
+use crate::store::{Caller, Ino, RenameFlags, SetAttr, Store, TimeSet, Timespec};
+
+pub use refs::LookupRefs;
+
+/// What INIT settled with the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Negotiated {
+    pub minor: u32,
+    pub max_write: u32,
+    pub flags: u64,
+}
+
+
+/// Cache lifetimes the kernel is told.
+#[derive(Clone, Copy, Debug)]
+struct Ttls {
+    entry: Duration,
+    attr: Duration,
+    negative: Duration,
+}
+
+/// Routes requests to the store and keeps the kernel's lookup references.
+pub struct Dispatcher {
+    store: Arc<Store>,
+    refs: LookupRefs,
+    ttl: Ttls,
+    knobs: Knobs,
+}
+
+fn name_ok(name: &[u8]) -> Result<&[u8], Errno> {
+    if name.len() > 255 {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    Ok(name)
+}
+
+impl Dispatcher {
+    pub fn new(store: Arc<Store>, knobs: &Knobs) -> Self {
+        Self {
+            store,
+            refs: LookupRefs::default(),
+            ttl: Ttls {
+                entry: Duration::from_millis(knobs.fuse_entry_ttl_ms),
+                attr: Duration::from_millis(knobs.fuse_attr_ttl_ms),
+                negative: Duration::from_millis(knobs.fuse_negative_ttl_ms),
+            },
+            knobs: knobs.clone(),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    pub fn refs(&self) -> &LookupRefs {
+        &self.refs
+    }
+
+    /// Answer INIT: take the intersection of what the kernel offers and what we want.
+    pub fn init(&self, major: u32, minor: u32, max_readahead: u32, offered: u64) -> (Reply, Option<Negotiated>) {
+        if major != 7 {
+            // A newer major: answer with ours so the kernel can retry or give up.
+            let out = abi::InitOut {
+                major: 7,
+                minor: abi::FUSE_KERNEL_MINOR_VERSION,
+                ..Default::default()
+            };
+            return (Reply::Data(reply::init(&out)), None);
+        }
+        if minor < abi::FUSE_MIN_MINOR_VERSION {
+            tracing::error!(
+                "kernel FUSE protocol 7.{minor} is too old (need 7.{})",
+                abi::FUSE_MIN_MINOR_VERSION
+            );
+            return (Reply::Error(Errno(libc::EPROTO)), None);
+        }
+        let k = &self.knobs;
+        let mut want = abi::FUSE_ASYNC_READ
+            | abi::FUSE_BIG_WRITES
+            | abi::FUSE_MAX_PAGES
+            | abi::FUSE_PARALLEL_DIROPS
+            | abi::FUSE_CACHE_SYMLINKS
+            | abi::FUSE_ASYNC_DIO
+            | abi::FUSE_DO_READDIRPLUS
+            | abi::FUSE_READDIRPLUS_AUTO
+            | abi::FUSE_WRITEBACK_CACHE;
+        if !k.fuse_readdirplus {
+            want &= !(abi::FUSE_DO_READDIRPLUS | abi::FUSE_READDIRPLUS_AUTO);
+        }
+        if !k.fuse_writeback_cache {
+            want &= !abi::FUSE_WRITEBACK_CACHE;
+        }
+        let flags = offered & want;
+        let max_write = k.fuse_max_write as u32;
+        let max_pages = if flags & abi::FUSE_MAX_PAGES != 0 {
+            (max_write / 4096).max(1) as u16
+        } else {
+            0
+        };
+        let max_write = if max_pages == 0 { max_write.min(128 * 1024) } else { max_write };
+        let out = abi::InitOut {
+            major: 7,
+            minor: abi::FUSE_KERNEL_MINOR_VERSION.min(minor),
+            max_readahead,
+            flags: (flags & 0xffff_ffff) as u32,
+            flags2: (flags >> 32) as u32,
+            max_background: 64,
+            congestion_threshold: 48,
+            max_write,
+            time_gran: 1,
+            max_pages,
+            ..Default::default()
+        };
+        let negotiated = Negotiated {
+            minor: out.minor,
+            max_write,
+            flags,
+        };
+        (Reply::Data(reply::init(&out)), Some(negotiated))
+    }
+
+    /// Handle one request. Never panics on bad input: every failure is an errno reply.
+    pub fn handle(&self, req: &Request<'_>) -> Reply {
+        let ino = Ino(req.header.nodeid);
+        let caller = Caller {
+            uid: req.header.uid,
+            gid: req.header.gid,
+        };
+        let result = match &req.op {
+            Operation::Init { .. } => Err(Errno::EIO),
+            Operation::Destroy => {
+                if let Err(e) = self.store.sync() {
+                    tracing::error!("final sync at DESTROY failed: {e}");
+                }
+                Ok(Reply::Data(Vec::new()))
+            }
+            Operation::Forget { nlookup } => {
+                self.forget(ino, *nlookup);
+                Ok(Reply::None)
+            }
+            Operation::BatchForget { nodes } => {
+                for (node, n) in nodes.iter() {
+                    self.forget(Ino(node), n);
+                }
+                Ok(Reply::None)
+            }
+            Operation::Interrupt { .. } => Ok(Reply::None),
+            Operation::Lookup { name } => self.lookup(ino, name),
+            Operation::Getattr { .. } => self
+                .store
+                .getattr(ino)
+                .map(|a| Reply::Data(reply::attr(&attr::attr_out(&a, self.ttl.attr)))),
+            Operation::Setattr(s) => self.setattr(ino, s),
+            Operation::Readlink => self.store.readlink(ino).map(Reply::Data),
+            Operation::Symlink { name, target } => name_ok(name)
+                .and_then(|n| self.store.symlink(ino, n, target, caller))
+                .map(|a| self.entry(a)),
+            Operation::Mknod { name, mode, rdev, .. } => name_ok(name)
+                .and_then(|n| self.store.mknod(ino, n, *mode, *rdev, caller))
+                .map(|a| self.entry(a)),
+            Operation::Mkdir { name, mode, .. } => name_ok(name)
+                .and_then(|n| self.store.mkdir(ino, n, *mode, caller))
+                .map(|a| self.entry(a)),
+            Operation::Unlink { name } => self.store.unlink(ino, name, &self.refs).map(|_| empty()),
+            Operation::Rmdir { name } => self.store.rmdir(ino, name, &self.refs).map(|_| empty()),
+            Operation::Rename {
+                newdir,
+                name,
+                newname,
+                flags,
+            } => self.rename(ino, name, Ino(*newdir), newname, *flags),
+            Operation::Link { oldnodeid, newname } => name_ok(newname)
+                .and_then(|n| self.store.link(Ino(*oldnodeid), ino, n))
+                .map(|a| self.entry(a)),
+            Operation::Open { .. } | Operation::Opendir { .. } => {
+                Ok(Reply::Data(reply::open(&abi::OpenOut::default())))
+            }
+            Operation::Create { name, mode, .. } => self.create(ino, name, *mode, caller),
+            Operation::Read { offset, size, .. } => {
+                self.store.read(ino, *offset, *size).map(Reply::Data)
+            }
+            Operation::Write { offset, data, .. } => self
+                .store
+                .write(ino, *offset, data)
+                .map(|n| Reply::Data(reply::write(n))),
+            Operation::Release { .. }
+            | Operation::Releasedir { .. }
+            | Operation::Flush { .. }
+            | Operation::Access { .. } => Ok(empty()),
+            Operation::Fsync { .. } | Operation::Fsyncdir { .. } => {
+                self.store.sync().map(|_| empty())
+            }
+            Operation::Statfs => self
+                .store
+                .statfs()
+                .map(|s| Reply::Data(reply::statfs(&attr::kstatfs(&s)))),
+            Operation::Setxattr { name, value, flags } => self
+                .store
+                .setxattr(ino, name, value, *flags)
+                .map(|_| empty()),
+            Operation::Getxattr { name, size } => {
+                self.store.getxattr(ino, name).and_then(|v| sized(v, *size))
+            }
+            Operation::Listxattr { size } => {
+                self.store.listxattr(ino).and_then(|v| sized(v, *size))
+            }
+            Operation::Removexattr { name } => {
+                self.store.removexattr(ino, name).map(|_| empty())
+            }
+            Operation::Readdir { offset, size, .. } => self.readdir(ino, *offset, *size),
+            Operation::Readdirplus { offset, size, .. } => self.readdirplus(ino, *offset, *size),
+            Operation::Fallocate {
+                offset,
+                length,
+                mode,
+                ..
+            } => self
+                .store
+                .fallocate(ino, *offset, *length, *mode)
+                .map(|_| empty()),
+            Operation::Lseek { offset, whence, .. } => self
+                .store
+                .lseek(ino, *offset, *whence)
+                .map(|o| Reply::Data(reply::lseek(o))),
+            Operation::CopyFileRange {
+                off_in,
+                nodeid_out,
+                off_out,
+                len,
+                wide,
+                ..
+            } => self
+                .store
+                .copy_file_range(ino, *off_in, Ino(*nodeid_out), *off_out, *len)
+                .map(|n| {
+                    Reply::Data(if *wide {
+                        reply::copy_file_range_64(n)
+                    } else {
+                        reply::write(n.min(u32::MAX as u64) as u32)
+                    })
+                }),
+            _ => Err(Errno::ENOSYS),
+        };
+        result.unwrap_or_else(Reply::Error)
+    }
+
+    fn forget(&self, ino: Ino, n: u64) {
+        if self.refs.forget(ino, n) {
+            if let Err(e) = self.store.reap(ino) {
+                tracing::error!("reaping orphan inode {} failed: {e}", ino.0);
+            }
+        }
+    }
+
+    /// An entry reply for a new kernel reference.
+    fn entry(&self, a: crate::store::Attr) -> Reply {
+        self.refs.add(a.ino, 1);
+        Reply::Data(reply::entry(&attr::entry_out(&a, self.ttl.entry, self.ttl.attr)))
+    }
+
+    fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Reply, Errno> {
+        let name = name_ok(name)?;
+        match self.store.lookup(parent, name) {
+            Ok(a) => Ok(self.entry(a)),
+            Err(e) if e == Errno::ENOENT && !self.ttl.negative.is_zero() => {
+                // A negative entry (node id 0) the kernel may cache.
+                Ok(Reply::Data(reply::entry(&attr::negative_entry(self.ttl.negative))))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn create(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Reply, Errno> {
+        let name = name_ok(name)?;
+        let mode = (mode & 0o7777) | libc::S_IFREG;
+        let a = self.store.mknod(parent, name, mode, 0, caller)?;
+        self.refs.add(a.ino, 1);
+        let entry = attr::entry_out(&a, self.ttl.entry, self.ttl.attr);
+        Ok(Reply::Data(reply::create(&entry, &abi::OpenOut::default())))
+    }
+
+    fn setattr(&self, ino: Ino, s: &abi::SetattrIn) -> Result<Reply, Errno> {
+        let time = |t: Option<abi::SetTime>| {
+            t.map(|t| match t {
+                abi::SetTime::Now => TimeSet::Now,
+                abi::SetTime::At { sec, nsec } => TimeSet::At(Timespec { sec, nsec }),
+            })
+        };
+        let set = SetAttr {
+            mode: s.mode().map(|m| m & 0o7777),
+            uid: s.uid(),
+            gid: s.gid(),
+            size: s.size(),
+            atime: time(s.atime()),
+            mtime: time(s.mtime()),
+            ctime: match s.ctime() {
+                Some(abi::SetTime::At { sec, nsec }) => Some(Timespec { sec, nsec }),
+                _ => None,
+            },
+        };
+        let a = self.store.setattr(ino, &set)?;
+        Ok(Reply::Data(reply::attr(&attr::attr_out(&a, self.ttl.attr))))
+    }
+
+    fn rename(&self, parent: Ino, name: &[u8], newparent: Ino, newname: &[u8], flags: u32) -> Result<Reply, Errno> {
+        let name_new = name_ok(newname)?;
+        let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
+        if flags & !known != 0 {
+            // RENAME_WHITEOUT and anything newer.
+            return Err(Errno::EINVAL);
+        }
+        let f = RenameFlags {
+            noreplace: flags & libc::RENAME_NOREPLACE != 0,
+            exchange: flags & libc::RENAME_EXCHANGE != 0,
+        };
+        self.store
+            .rename(parent, name, newparent, name_new, f, &self.refs)
+            .map(|_| empty())
+    }
+
+    fn readdir(&self, ino: Ino, offset: u64, size: u32) -> Result<Reply, Errno> {
+        let mut buf = DirBuf::new(size as usize);
+        let mut offset = offset;
+        loop {
+            let batch = self.store.readdir(ino, offset, 256)?;
+            if batch.is_empty() {
+                break;
+            }
+            for e in &batch {
+                if !buf.push(e.ino.0, e.offset, attr::dirent_type(e.kind), &e.name) {
+                    return Ok(Reply::Data(buf.into_bytes()));
+                }
+                offset = e.offset;
+            }
+        }
+        Ok(Reply::Data(buf.into_bytes()))
+    }
+
+    fn readdirplus(&self, ino: Ino, offset: u64, size: u32) -> Result<Reply, Errno> {
+        let mut buf = DirPlusBuf::new(size as usize);
+        let mut offset = offset;
+        loop {
+            let batch = self.store.readdirplus(ino, offset, 128)?;
+            if batch.is_empty() {
+                break;
+            }
+            for (e, a) in &batch {
+                let dot = e.name == b"." || e.name == b"..";
+                let out = if dot {
+                    // The kernel takes no reference for "." and ".."; node id 0 says so.
+                    attr::dot_entry(a)
+                } else {
+                    attr::entry_out(a, self.ttl.entry, self.ttl.attr)
+                };
+                if !buf.push(&out, e.offset, attr::dirent_type(e.kind), &e.name) {
+                    return Ok(Reply::Data(buf.into_bytes()));
+                }
+                if !dot {
+                    self.refs.add(a.ino, 1);
+                }
+                offset = e.offset;
+            }
+        }
+        Ok(Reply::Data(buf.into_bytes()))
+    }
+}
+
+fn empty() -> Reply {
+    Reply::Data(Vec::new())
+}
+
+/// Reply to GETXATTR/LISTXATTR: the size when asked with size 0, ERANGE when too small.
+fn sized(v: Vec<u8>, size: u32) -> Result<Reply, Errno> {
+    if size == 0 {
+        Ok(Reply::Data(reply::xattr_size(v.len() as u32)))
+    } else if v.len() > size as usize {
+        Err(Errno::ERANGE)
+    } else {
+        Ok(Reply::Data(v))
+    }
+}

@@ -1,1 +1,9 @@
-//! sys
+//! Operating-system plumbing: mounting and unmounting FUSE filesystems, the mount table, locks.
+//! With `transport/`, this is the only home of `unsafe`.
+
+pub mod lock;
+pub mod mount;
+pub mod mounts;
+pub mod registry;
+pub mod signals;
+pub mod stdio;

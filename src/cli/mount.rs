@@ -1,0 +1,129 @@
+//! `agentfs mount DB MNT [-f] [-o opts]`
+
+use std::io::BufRead as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use crate::knobs::Knobs;
+use crate::store::{InitOptions, Store};
+use crate::sys::mount::{check_mount_point, MountOptions};
+use crate::transport::session::{self, PipeReady, SessionConfig};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The database; created with default settings when it does not exist.
+    pub db: PathBuf,
+    /// An existing, empty directory to mount on.
+    pub mount_point: PathBuf,
+    /// Stay in the foreground and serve until unmounted or interrupted (SIGINT/SIGTERM unmount).
+    #[arg(short, long)]
+    pub foreground: bool,
+    /// Mount options, comma separated: ro, rw, allow_other (default for root), noallow_other,
+    /// and options passed to the kernel as they are (e.g. noatime).
+    #[arg(short = 'o', value_delimiter = ',')]
+    pub options: Vec<String>,
+    /// Internal: run as the background server started by `agentfs mount` and report readiness
+    /// on standard output.
+    #[arg(long, hide = true)]
+    pub daemon_child: bool,
+}
+
+fn parse_options(opts: &[String]) -> MountOptions {
+    let mut m = MountOptions {
+        allow_other: crate::sys::mount::can_mount_directly(),
+        ..Default::default()
+    };
+    for o in opts.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        match o {
+            "ro" => m.readonly = true,
+            "rw" => m.readonly = false,
+            "allow_other" => m.allow_other = true,
+            "noallow_other" => m.allow_other = false,
+            "default_permissions" => {}
+            other => m.extra.push(other.to_string()),
+        }
+    }
+    m
+}
+
+pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
+    let options = parse_options(&a.options);
+    if a.daemon_child {
+        return run_child(&a, options, knobs);
+    }
+    // Check everything we can before starting a server, so errors come from this process.
+    check_mount_point(&a.mount_point).map_err(|e| e.to_string())?;
+    if !a.db.exists() {
+        if options.readonly {
+            return Err(format!("{}: no such database (cannot create it read-only)", a.db.display()));
+        }
+        Store::create(&a.db, &InitOptions::default()).map_err(|e| e.to_string())?;
+    } else {
+        drop(Store::open(&a.db, true).map_err(|e| e.to_string())?);
+    }
+    if let Some(pid) = crate::sys::lock::holder_pid(&a.db) {
+        return Err(format!("{} is already mounted by agentfs server pid {pid}", a.db.display()));
+    }
+    let cfg = SessionConfig {
+        db: a.db.clone(),
+        mount_point: a.mount_point.clone(),
+        options: options.clone(),
+    };
+    if a.foreground {
+        session::run(&cfg, knobs, &mut ()).map_err(|e| e.to_string())?;
+        return Ok(0);
+    }
+    launch_background(&a)
+}
+
+/// Start `agentfs mount ... --daemon-child` in its own process group and wait for its report.
+fn launch_background(a: &Args) -> super::CliResult {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount").arg(&a.db).arg(&a.mount_point).arg("--daemon-child");
+    if !a.options.is_empty() {
+        cmd.arg("-o").arg(a.options.join(","));
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("cannot start the server: {e}"))?;
+    let Some(out) = child.stdout.take() else {
+        return Err("cannot read the server's report".into());
+    };
+    let mut line = String::new();
+    let _ = std::io::BufReader::new(out).read_line(&mut line);
+    let line = line.trim();
+    if line == "ok" {
+        return Ok(0);
+    }
+    let _ = child.wait();
+    match line.strip_prefix("error: ") {
+        Some(msg) => Err(msg.to_string()),
+        None => Err("the server exited before the mount was live".into()),
+    }
+}
+
+fn run_child(a: &Args, options: MountOptions, knobs: &Knobs) -> super::CliResult {
+    use std::io::Write as _;
+    let cfg = SessionConfig {
+        db: a.db.clone(),
+        mount_point: a.mount_point.clone(),
+        options,
+    };
+    let stdout = crate::sys::stdio::take_stdout();
+    let mut ready = PipeReady(stdout);
+    match session::run(&cfg, knobs, &mut ready) {
+        Ok(()) => Ok(0),
+        Err(e) => {
+            if let Some(mut f) = ready.0.take() {
+                let _ = writeln!(f, "error: {e}");
+            }
+            Err(e.to_string())
+        }
+    }
+}

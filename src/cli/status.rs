@@ -1,0 +1,34 @@
+//! `agentfs status`
+
+use crate::sys::{mounts, registry};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {}
+
+pub fn run(_: Args) -> super::CliResult {
+    let servers = registry::live();
+    let mounted = mounts::agentfs_mounts();
+    if servers.is_empty() && mounted.is_empty() {
+        println!("no agentfs mounts");
+        return Ok(0);
+    }
+    println!("{:<8} {:<10} {:<30} DATABASE", "PID", "TRANSPORT", "MOUNT");
+    for s in &servers {
+        let live = mounted.iter().any(|m| m.mount_point == s.mount_point);
+        println!(
+            "{:<8} {:<10} {:<30} {}{}",
+            s.pid,
+            s.transport,
+            s.mount_point.display(),
+            s.db.display(),
+            if live { "" } else { " (not mounted)" }
+        );
+    }
+    for m in mounted
+        .iter()
+        .filter(|m| !servers.iter().any(|s| s.mount_point == m.mount_point))
+    {
+        println!("{:<8} {:<10} {:<30} ? (no live server: agentfs umount --force)", "-", "-", m.mount_point.display());
+    }
+    Ok(0)
+}

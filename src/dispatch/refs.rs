@@ -1,0 +1,103 @@
+//! Kernel lookup references, counted per inode.
+//!
+//! The kernel holds one reference per positive LOOKUP, CREATE, MKNOD, MKDIR, SYMLINK and LINK
+//! reply and per entry of a READDIRPLUS reply (other than "." and ".."); FORGET and BATCH_FORGET
+//! return them. An inode that lost its last name while referenced (an unlinked but open file,
+//! a removed working directory) is an orphan: its rows stay until its count reaches zero.
+//!
+//! Lock order: the store's writer lock may be held while `counts` is taken (through
+//! [`Liveness::retain_orphan`]); never call into the store while holding `counts`.
+
+use std::collections::{HashMap, HashSet};
+
+use parking_lot::Mutex;
+
+use crate::store::{Ino, Liveness};
+
+#[derive(Default)]
+struct Table {
+    /// Outstanding kernel references per inode; absent means zero.
+    counts: HashMap<Ino, u64>,
+    /// Inodes with nlink = 0 kept alive by references; reaped at their last FORGET.
+    orphans: HashSet<Ino>,
+}
+
+/// The reference table shared by every transport thread.
+#[derive(Default)]
+pub struct LookupRefs {
+    table: Mutex<Table>,
+}
+
+impl LookupRefs {
+    /// Record `n` new kernel references to `ino`.
+    pub fn add(&self, ino: Ino, n: u64) {
+        if ino == Ino::ROOT {
+            return;
+        }
+        *self.table.lock().counts.entry(ino).or_insert(0) += n;
+    }
+
+    /// Drop `n` references. Returns true when the inode is an orphan whose last reference just
+    /// went: the caller must reap it.
+    pub fn forget(&self, ino: Ino, n: u64) -> bool {
+        let mut t = self.table.lock();
+        let left = match t.counts.get_mut(&ino) {
+            Some(c) => {
+                *c = c.saturating_sub(n);
+                *c
+            }
+            None => 0,
+        };
+        if left > 0 {
+            return false;
+        }
+        t.counts.remove(&ino);
+        t.orphans.remove(&ino)
+    }
+
+    /// References currently held by the kernel on `ino`.
+    pub fn count(&self, ino: Ino) -> u64 {
+        self.table.lock().counts.get(&ino).copied().unwrap_or(0)
+    }
+
+    /// Orphans still waiting for their last FORGET.
+    pub fn orphan_count(&self) -> usize {
+        self.table.lock().orphans.len()
+    }
+}
+
+impl Liveness for LookupRefs {
+    fn retain_orphan(&self, ino: Ino) -> bool {
+        let mut t = self.table.lock();
+        if t.counts.get(&ino).copied().unwrap_or(0) > 0 {
+            t.orphans.insert(ino);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orphan_is_reaped_at_last_forget_only() {
+        let r = LookupRefs::default();
+        let ino = Ino(7);
+        r.add(ino, 2);
+        assert!(r.retain_orphan(ino));
+        assert!(!r.forget(ino, 1));
+        assert!(r.forget(ino, 1));
+        assert_eq!(r.orphan_count(), 0);
+        assert!(!r.retain_orphan(ino), "unreferenced inodes are deleted at once");
+    }
+
+    #[test]
+    fn root_is_never_counted() {
+        let r = LookupRefs::default();
+        r.add(Ino::ROOT, 5);
+        assert_eq!(r.count(Ino::ROOT), 0);
+    }
+}

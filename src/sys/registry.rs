@@ -1,0 +1,91 @@
+//! The record of live servers, for `agentfs status`: one small file per server pid in a runtime
+//! directory (/run/agentfs for root, $XDG_RUNTIME_DIR/agentfs or /tmp/agentfs-UID otherwise).
+//! The record is advisory; status cross-checks it with /proc and the mount table.
+
+use std::path::{Path, PathBuf};
+
+/// One live (or stale) server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerRecord {
+    pub pid: u32,
+    pub db: PathBuf,
+    pub mount_point: PathBuf,
+    pub transport: String,
+}
+
+pub fn runtime_dir() -> PathBuf {
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        return PathBuf::from("/run/agentfs");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("agentfs"),
+        _ => PathBuf::from(format!("/tmp/agentfs-{uid}")),
+    }
+}
+
+fn record_path(pid: u32) -> PathBuf {
+    runtime_dir().join(format!("{pid}.server"))
+}
+
+/// Write this server's record; returns its path for removal at exit.
+pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
+    let dir = runtime_dir();
+    std::fs::create_dir_all(&dir)?;
+    let path = record_path(rec.pid);
+    let text = format!(
+        "pid={}\ndb={}\nmount={}\ntransport={}\n",
+        rec.pid,
+        rec.db.display(),
+        rec.mount_point.display(),
+        rec.transport
+    );
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+fn parse(text: &str) -> Option<ServerRecord> {
+    let mut pid = None;
+    let mut db = None;
+    let mut mnt = None;
+    let mut transport = String::new();
+    for line in text.lines() {
+        match line.split_once('=') {
+            Some(("pid", v)) => pid = v.parse().ok(),
+            Some(("db", v)) => db = Some(PathBuf::from(v)),
+            Some(("mount", v)) => mnt = Some(PathBuf::from(v)),
+            Some(("transport", v)) => transport = v.to_string(),
+            _ => {}
+        }
+    }
+    Some(ServerRecord {
+        pid: pid?,
+        db: db?,
+        mount_point: mnt?,
+        transport,
+    })
+}
+
+/// Every record whose server is still alive; stale records are removed.
+pub fn live() -> Vec<ServerRecord> {
+    let Ok(dir) = std::fs::read_dir(runtime_dir()) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for ent in dir.flatten() {
+        let path = ent.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("server") {
+            continue;
+        }
+        let rec = std::fs::read_to_string(&path).ok().and_then(|t| parse(&t));
+        match rec {
+            Some(r) if Path::new(&format!("/proc/{}", r.pid)).exists() => out.push(r),
+            _ => {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    out.sort_by_key(|r| r.pid);
+    out
+}

@@ -1,0 +1,22 @@
+//! Handing standard output over to a readiness pipe.
+
+use std::fs::File;
+use std::os::fd::FromRawFd;
+
+/// Take ownership of standard output as a File (for the one readiness line) and point fd 1 at
+/// /dev/null, so nothing written later reaches the launcher's pipe.
+pub fn take_stdout() -> Option<File> {
+    // SAFETY: dup of fd 1 (always open in a spawned child); the new fd is owned by the File.
+    let fd = unsafe { libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+    let file = unsafe { File::from_raw_fd(fd) };
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: both fds are valid; dup2 atomically replaces fd 1.
+        unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    }
+    Some(file)
+}

@@ -1,0 +1,124 @@
+//! The classic transport: threads that read(2) requests from /dev/fuse and writev(2) replies.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::dispatch::Dispatcher;
+use crate::protocol::{self, Reply};
+
+/// A FUSE connection: the /dev/fuse file descriptor (opened close-on-exec).
+pub struct Channel {
+    fd: OwnedFd,
+    /// Requests answered through this channel.
+    pub served: AtomicU64,
+}
+
+/// What a read from the channel produced.
+pub enum Received {
+    /// A request of this many bytes is in the buffer.
+    Request(usize),
+    /// The filesystem was unmounted or the connection aborted.
+    Gone,
+}
+
+impl Channel {
+    pub fn new(fd: OwnedFd) -> Self {
+        Self {
+            fd,
+            served: AtomicU64::new(0),
+        }
+    }
+
+    /// Read one request. Retries on EINTR/EAGAIN and on ENOENT (a request interrupted before
+    /// we read it).
+    pub fn receive(&self, buf: &mut [u8]) -> io::Result<Received> {
+        loop {
+            // SAFETY: `buf` is valid for writes of buf.len() bytes; the fd is open.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n >= 0 {
+                return Ok(Received::Request(n as usize));
+            }
+            let err = io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::ENOENT) => continue,
+                Some(libc::ENODEV) | Some(libc::ECONNABORTED) => return Ok(Received::Gone),
+                _ => return Err(err),
+            }
+        }
+    }
+
+    /// Send a reply (header + body in one writev). A request the kernel has already given up on
+    /// (ENOENT: interrupted) is not an error.
+    pub fn send(&self, unique: u64, reply: &Reply) -> io::Result<()> {
+        let (error, body): (i32, &[u8]) = match reply {
+            Reply::None => return Ok(()),
+            Reply::Error(e) => (-e.0, &[]),
+            Reply::Data(d) => (0, d.as_slice()),
+        };
+        self.send_raw(&protocol::out_header(unique, error, body.len()), body)
+    }
+
+    /// Write a header and body as one message (also used for notifications).
+    pub fn send_raw(&self, header: &[u8], body: &[u8]) -> io::Result<()> {
+        let iov = [
+            libc::iovec {
+                iov_base: header.as_ptr() as *mut libc::c_void,
+                iov_len: header.len(),
+            },
+            libc::iovec {
+                iov_base: body.as_ptr() as *mut libc::c_void,
+                iov_len: body.len(),
+            },
+        ];
+        let count = if body.is_empty() { 1 } else { 2 };
+        // SAFETY: both iovecs point at live slices for the duration of the call; the kernel
+        // only reads them.
+        let n = unsafe { libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), count) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            return match err.raw_os_error() {
+                Some(libc::ENOENT) => Ok(()),
+                _ => Err(err),
+            };
+        }
+        Ok(())
+    }
+}
+
+/// Serve requests on `chan` until the connection ends. Runs on each transport thread.
+pub fn serve_loop(chan: &Channel, dispatcher: &Arc<Dispatcher>, buf_size: usize) {
+    let mut buf = vec![0u8; buf_size];
+    loop {
+        let n = match chan.receive(&mut buf) {
+            Ok(Received::Request(n)) => n,
+            Ok(Received::Gone) => return,
+            Err(e) => {
+                tracing::error!("reading /dev/fuse failed: {e}");
+                return;
+            }
+        };
+        let msg = &buf[..n];
+        let (unique, reply) = match protocol::decode(msg) {
+            Ok(req) => (req.header.unique, dispatcher.handle(&req)),
+            Err(e) => match e.unique {
+                Some(u) => {
+                    tracing::warn!("malformed request {u}: {}", e.why);
+                    (u, Reply::Error(e.errno))
+                }
+                None => {
+                    tracing::warn!("unreadable request header ({n} bytes): {}", e.why);
+                    continue;
+                }
+            },
+        };
+        chan.served.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = chan.send(unique, &reply) {
+            if e.raw_os_error() == Some(libc::ENODEV) {
+                return;
+            }
+            tracing::warn!("reply to request {unique} failed: {e}");
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Shared helpers for tests that mount AgentFS for real.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_agentfs"))
+}
+
+pub fn agentfs(args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run agentfs")
+}
+
+/// Whether mount tests can run here. With AGENTFS_REQUIRE_FUSE=1 a missing /dev/fuse or a
+/// non-root test run is a failure instead of a skip.
+pub fn fuse_or_skip(test: &str) -> bool {
+    let root = unsafe { libc::geteuid() } == 0;
+    let dev = Path::new("/dev/fuse").exists();
+    if root && dev {
+        return true;
+    }
+    let why = if !dev { "/dev/fuse is missing" } else { "not running as root" };
+    if agentfs::knobs::get().require_fuse {
+        panic!("{test}: AGENTFS_REQUIRE_FUSE=1 but {why}");
+    }
+    eprintln!("SKIP {test}: {why}");
+    false
+}
+
+/// True while `mnt` is a mount point.
+pub fn is_mounted(mnt: &Path) -> bool {
+    let canon = std::fs::canonicalize(mnt).unwrap_or_else(|_| mnt.to_path_buf());
+    agentfs::sys::mounts::find(&canon).is_some()
+}
+
+/// A database mounted by a foreground server that this test owns by pid.
+pub struct Mounted {
+    pub dir: tempfile::TempDir,
+    pub db: PathBuf,
+    pub mnt: PathBuf,
+    server: Option<Child>,
+    env: Vec<(String, String)>,
+    /// A command the server runs under (e.g. strace), empty for none.
+    pub wrapper: Vec<String>,
+}
+
+impl Mounted {
+    /// Create a scratch dir with `db.sqlite` (created on first mount) and `mnt/`, and mount.
+    pub fn new() -> Self {
+        Self::with_env(&[])
+    }
+
+    pub fn with_env(env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("agentfs-test-")
+            .tempdir_in(scratch_root())
+            .expect("tempdir");
+        let db = dir.path().join("db.sqlite");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("mkdir mnt");
+        let mut m = Mounted {
+            dir,
+            db,
+            mnt,
+            server: None,
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            wrapper: Vec::new(),
+        };
+        m.mount();
+        m
+    }
+
+    /// Like [`Mounted::new`] but the server runs under `wrapper` (its last word is followed by
+    /// the agentfs command line).
+    pub fn wrapped(wrapper: &[&str]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("agentfs-test-")
+            .tempdir_in(scratch_root())
+            .expect("tempdir");
+        let db = dir.path().join("db.sqlite");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("mkdir mnt");
+        let mut m = Mounted {
+            dir,
+            db,
+            mnt,
+            server: None,
+            env: Vec::new(),
+            wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
+        };
+        m.mount();
+        m
+    }
+
+    /// Start the server in the foreground and wait until the mount is live.
+    pub fn mount(&mut self) {
+        self.mount_with(&[]);
+    }
+
+    pub fn mount_with(&mut self, extra: &[&str]) {
+        assert!(self.server.is_none(), "already mounted");
+        let mut cmd = match self.wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin());
+                c
+            }
+            None => Command::new(bin()),
+        };
+        cmd.arg("mount")
+            .arg(&self.db)
+            .arg(&self.mnt)
+            .arg("-f")
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start server");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !is_mounted(&self.mnt) {
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!("server exited before mounting: {st}");
+            }
+            assert!(Instant::now() < deadline, "mount did not appear");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.server = Some(child);
+    }
+
+    pub fn server_pid(&self) -> u32 {
+        self.server.as_ref().map(|c| c.id()).expect("mounted")
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// Clean unmount through the CLI; the server must exit 0 by itself.
+    pub fn unmount(&mut self) {
+        let Some(mut child) = self.server.take() else { return };
+        let out = agentfs(&["umount", self.mnt.to_str().expect("utf8")]);
+        assert!(
+            out.status.success(),
+            "umount failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let status = wait_timeout(&mut child, Duration::from_secs(30)).unwrap_or_else(|| {
+            let _ = child.kill();
+            panic!("server did not exit after unmount");
+        });
+        assert!(status.success(), "server exited with {status}");
+        assert!(!is_mounted(&self.mnt), "still mounted after umount");
+    }
+
+    /// Wait for the server to exit by itself (after a signal or an external unmount).
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let mut child = self.server.take().expect("mounted");
+        wait_timeout(&mut child, Duration::from_secs(30)).unwrap_or_else(|| {
+            let _ = child.kill();
+            panic!("server did not exit");
+        })
+    }
+
+    /// Kill the server with SIGKILL and clean up the dead mount.
+    pub fn crash(&mut self) {
+        let Some(mut child) = self.server.take() else { return };
+        let _ = child.kill();
+        let _ = child.wait();
+        force_cleanup(&self.mnt);
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.server.take() {
+            let _ = agentfs(&["umount", self.mnt.to_str().unwrap_or("")]);
+            if wait_timeout(&mut child, Duration::from_secs(10)).is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        force_cleanup(&self.mnt);
+    }
+}
+
+/// Abort and detach whatever is left at `mnt`.
+pub fn force_cleanup(mnt: &Path) {
+    if is_mounted(mnt) {
+        let _ = agentfs(&["umount", "--force", mnt.to_str().unwrap_or("")]);
+    }
+}
+
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Where scratch directories go: the target dir (a real disk), not a tmpfs /tmp.
+pub fn scratch_root() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&root).expect("scratch root");
+    root
+}
+
+/// `PRAGMA integrity_check` and our consistency checker on a database that is not mounted.
+pub fn assert_consistent(db: &Path) {
+    let conn = rusqlite::Connection::open(db).expect("open db");
+    let ic: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .expect("integrity_check");
+    assert_eq!(ic, "ok");
+    drop(conn);
+    let out = agentfs(&["integrity", db.to_str().expect("utf8")]);
+    assert!(
+        out.status.success(),
+        "integrity findings:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,62 @@
+//! The validation gates, run against real mounts (and the POSIX gate against the native
+//! filesystem too, which proves the gate itself).
+
+mod common;
+
+use std::process::Command;
+
+use common::{fuse_or_skip, scratch_root, Mounted};
+
+fn gate(args: &[&str]) -> (bool, String) {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new("python3")
+        .args(args)
+        .current_dir(root)
+        .output()
+        .expect("python3");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn posix_gate_passes_on_the_native_filesystem() {
+    let dir = tempfile::tempdir_in(scratch_root()).unwrap();
+    let (ok, text) = gate(&["validation/posix_gate.py", dir.path().to_str().unwrap()]);
+    assert!(ok, "posix gate fails on the native filesystem:\n{text}");
+}
+
+#[test]
+fn posix_gate_passes_on_agentfs() {
+    if !fuse_or_skip("posix_gate_passes_on_agentfs") {
+        return;
+    }
+    let mut m = Mounted::new();
+    let (ok, text) = gate(&["validation/posix_gate.py", m.mnt.to_str().unwrap()]);
+    println!("{text}");
+    assert!(ok, "posix gate failed on agentfs:\n{text}");
+    m.unmount();
+    common::assert_consistent(&m.db);
+}
+
+#[test]
+fn crash_gate_passes() {
+    if !fuse_or_skip("crash_gate_passes") {
+        return;
+    }
+    let dir = tempfile::tempdir_in(scratch_root()).unwrap();
+    let (ok, text) = gate(&[
+        "validation/crash_gate.py",
+        "--agentfs",
+        env!("CARGO_BIN_EXE_agentfs"),
+        "--rounds",
+        "8",
+        "--workdir",
+        dir.path().to_str().unwrap(),
+    ]);
+    println!("{text}");
+    assert!(ok, "crash gate failed:\n{text}");
+}

@@ -1,0 +1,172 @@
+//! Mount tests: a real kernel mount driven through std::fs and libc.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use common::{assert_consistent, fuse_or_skip, Mounted};
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+#[test]
+fn files_survive_unmount_and_remount() {
+    if !fuse_or_skip("files_survive_unmount_and_remount") {
+        return;
+    }
+    let mut m = Mounted::new();
+    let sizes = [0usize, 1, 4095, 4096, 4097, 65535, 65536, 65537, 300_000];
+    fs::create_dir_all(m.path("a/b/c")).unwrap();
+    for (i, &n) in sizes.iter().enumerate() {
+        fs::write(m.path(&format!("a/b/f{n}")), pattern(n, i as u8)).unwrap();
+    }
+    std::os::unix::fs::symlink("b/f4096", m.path("a/link")).unwrap();
+    fs::hard_link(m.path("a/b/f1"), m.path("a/c-hard")).unwrap();
+    fs::set_permissions(m.path("a/b/f1"), fs::Permissions::from_mode(0o600)).unwrap();
+    m.unmount();
+    assert_consistent(&m.db);
+    m.mount();
+    for (i, &n) in sizes.iter().enumerate() {
+        let got = fs::read(m.path(&format!("a/b/f{n}"))).unwrap();
+        assert_eq!(got.len(), n, "size of f{n}");
+        assert!(got == pattern(n, i as u8), "content of f{n}");
+    }
+    assert_eq!(fs::read_link(m.path("a/link")).unwrap().to_str(), Some("b/f4096"));
+    assert_eq!(fs::read(m.path("a/link")).unwrap().len(), 4096);
+    let meta = fs::metadata(m.path("a/c-hard")).unwrap();
+    assert_eq!(meta.nlink(), 2);
+    assert_eq!(meta.mode() & 0o7777, 0o600);
+    assert_eq!(meta.ino(), fs::metadata(m.path("a/b/f1")).unwrap().ino());
+    m.unmount();
+    assert_consistent(&m.db);
+}
+
+#[test]
+fn unlinked_open_file_lives_until_closed() {
+    if !fuse_or_skip("unlinked_open_file_lives_until_closed") {
+        return;
+    }
+    let mut m = Mounted::new();
+    let p = m.path("victim");
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    f.write_all(&pattern(100_000, 3)).unwrap();
+    fs::remove_file(&p).unwrap();
+    assert!(!p.exists());
+    f.write_all(b"tail").unwrap();
+    f.sync_all().unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    assert_eq!(back.len(), 100_004);
+    assert_eq!(&back[..100_000], &pattern(100_000, 3)[..]);
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    drop(f);
+    m.unmount();
+    // After the last reference went, nothing of the inode is left in the database.
+    let conn = rusqlite::Connection::open(&m.db).unwrap();
+    let inodes: i64 = conn
+        .query_row("SELECT count(*) FROM fs_inode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(inodes, 1, "only the root inode remains");
+    let chunks: i64 = conn
+        .query_row("SELECT count(*) FROM fs_data", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(chunks, 0);
+    drop(conn);
+    assert_consistent(&m.db);
+}
+
+#[test]
+fn rename_flags_reach_the_filesystem() {
+    if !fuse_or_skip("rename_flags_reach_the_filesystem") {
+        return;
+    }
+    let m = Mounted::new();
+    fs::write(m.path("x"), b"x").unwrap();
+    fs::create_dir(m.path("d")).unwrap();
+    let c = |p: &std::path::Path| std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    let renameat2 = |a: &std::path::Path, b: &std::path::Path, flags: u32| -> i32 {
+        let (a, b) = (c(a), c(b));
+        // SAFETY: valid C strings; AT_FDCWD.
+        let rc = unsafe {
+            libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags)
+        };
+        if rc == 0 {
+            0
+        } else {
+            std::io::Error::last_os_error().raw_os_error().unwrap()
+        }
+    };
+    assert_eq!(renameat2(&m.path("x"), &m.path("d"), libc::RENAME_NOREPLACE), libc::EEXIST);
+    assert_eq!(renameat2(&m.path("x"), &m.path("d"), libc::RENAME_EXCHANGE), 0);
+    assert!(m.path("x").is_dir());
+    assert_eq!(fs::read(m.path("d")).unwrap(), b"x");
+    assert_eq!(renameat2(&m.path("x"), &m.path("nope"), libc::RENAME_EXCHANGE), libc::ENOENT);
+    assert_eq!(
+        renameat2(&m.path("x"), &m.path("d"), libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE),
+        libc::EINVAL
+    );
+    assert_eq!(renameat2(&m.path("d"), &m.path("e"), libc::RENAME_NOREPLACE), 0);
+    assert_eq!(fs::read(m.path("e")).unwrap(), b"x");
+}
+
+#[test]
+fn names_longer_than_255_bytes_are_refused() {
+    if !fuse_or_skip("names_longer_than_255_bytes_are_refused") {
+        return;
+    }
+    let m = Mounted::new();
+    let ok = "a".repeat(255);
+    let long = "a".repeat(256);
+    fs::write(m.path(&ok), b"1").unwrap();
+    let err = fs::write(m.path(&long), b"1").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENAMETOOLONG));
+    let err = fs::metadata(m.path(&long)).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENAMETOOLONG));
+}
+
+#[test]
+fn source_and_type_in_the_mount_table() {
+    if !fuse_or_skip("source_and_type_in_the_mount_table") {
+        return;
+    }
+    let m = Mounted::new();
+    let canon = fs::canonicalize(&m.mnt).unwrap();
+    let entry = agentfs::sys::mounts::find(&canon).expect("mounted");
+    assert_eq!(entry.source, "agentfs");
+    assert_eq!(entry.fstype, "fuse.agentfs");
+    let status = common::agentfs(&["status"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains(&m.server_pid().to_string()), "status lists the server: {text}");
+    assert!(text.contains(canon.to_str().unwrap()), "status lists the mount: {text}");
+}
+
+#[test]
+fn sigterm_unmounts_cleanly_and_checkpoints() {
+    if !fuse_or_skip("sigterm_unmounts_cleanly_and_checkpoints") {
+        return;
+    }
+    let mut m = Mounted::new();
+    fs::write(m.path("kept"), pattern(70_000, 9)).unwrap();
+    let pid = m.server_pid() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = m.wait_exit();
+    assert!(status.success(), "server exit after SIGTERM: {status}");
+    assert!(!common::is_mounted(&m.mnt), "SIGTERM unmounted");
+    let wal = m.db.with_extension("sqlite-wal");
+    let wal_len = fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(wal_len, 0, "the WAL was checkpointed at shutdown");
+    assert_consistent(&m.db);
+    m.mount();
+    assert_eq!(fs::read(m.path("kept")).unwrap(), pattern(70_000, 9));
+}

@@ -1,0 +1,107 @@
+//! A mount made by an ordinary user through fusermount3 (fd passing), used and unmounted by
+//! that user. /dev/fuse is root-only on this kind of machine, so the test opens its mode for the
+//! duration and restores it.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{chown, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::{fuse_or_skip, scratch_root};
+
+const USER: u32 = 65534;
+
+struct DevFuseMode {
+    original: u32,
+}
+
+impl DevFuseMode {
+    fn open_up() -> Self {
+        let original = fs::metadata("/dev/fuse").unwrap().permissions().mode();
+        fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o20666)).unwrap();
+        DevFuseMode { original }
+    }
+}
+
+impl Drop for DevFuseMode {
+    fn drop(&mut self) {
+        let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.original));
+    }
+}
+
+/// Aborts and detaches the user's mount however the test ends.
+struct UnmountOnDrop(std::path::PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        common::force_cleanup(&self.0);
+    }
+}
+
+fn as_user(program: &str, args: &[&str]) -> Output {
+    Command::new(program)
+        .args(args)
+        .uid(USER)
+        .gid(USER)
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap()
+}
+
+fn readable_by_all(p: &Path) -> bool {
+    p.ancestors()
+        .skip(1)
+        .all(|a| fs::metadata(a).map(|m| m.permissions().mode() & 0o001 != 0).unwrap_or(false))
+}
+
+#[test]
+fn an_ordinary_user_mounts_through_fusermount3() {
+    if !fuse_or_skip("an_ordinary_user_mounts_through_fusermount3") {
+        return;
+    }
+    if Command::new("fusermount3").arg("-V").output().is_err() {
+        assert!(!agentfs::knobs::get().require_fuse, "fusermount3 is required (validation/install-deps.sh)");
+        eprintln!("SKIP: fusermount3 not installed");
+        return;
+    }
+    let bin = common::bin();
+    if !readable_by_all(&bin) {
+        eprintln!("SKIP: {} is not reachable by other users", bin.display());
+        assert!(!agentfs::knobs::get().require_fuse, "the build tree must be world-readable");
+        return;
+    }
+    let _mode = DevFuseMode::open_up();
+    let dir = tempfile::tempdir_in(scratch_root()).unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    chown(dir.path(), Some(USER), Some(USER)).unwrap();
+    let db = dir.path().join("db.sqlite");
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    chown(&mnt, Some(USER), Some(USER)).unwrap();
+    let bin_s = bin.to_str().unwrap();
+    let (db_s, mnt_s) = (db.to_str().unwrap(), mnt.to_str().unwrap());
+
+    let out = as_user(bin_s, &["mount", db_s, mnt_s]);
+    assert!(out.status.success(), "user mount: {}", String::from_utf8_lossy(&out.stderr));
+    let _cleanup = UnmountOnDrop(mnt.clone());
+    assert!(common::is_mounted(&mnt));
+    let script = format!("echo hello > {mnt_s}/f && mkdir {mnt_s}/d && cat {mnt_s}/f && stat -c %u:%g {mnt_s}/f");
+    let out = as_user("sh", &["-c", &script]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "use as user: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text, format!("hello\n{USER}:{USER}\n"));
+    let out = as_user(bin_s, &["umount", mnt_s]);
+    assert!(out.status.success(), "user umount: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!common::is_mounted(&mnt));
+    // Nothing left running: the database lock is free.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while agentfs::sys::lock::holder_pid(&db).is_some() {
+        assert!(std::time::Instant::now() < deadline, "server still running");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    common::force_cleanup(&mnt);
+    common::assert_consistent(&db);
+}

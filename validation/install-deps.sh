@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a fresh Debian machine (as root): fusermount3 for the
+# unprivileged mount path, strace for counting fdatasync, git for the workload tests.
+set -euo pipefail
+need=()
+command -v fusermount3 >/dev/null || need+=(fuse3)
+command -v strace >/dev/null || need+=(strace)
+command -v git >/dev/null || need+=(git)
+command -v python3 >/dev/null || need+=(python3)
+if [ ${#need[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if [ ! -e /dev/fuse ]; then
+  modprobe fuse 2>/dev/null || true
+fi
