@@ -43,6 +43,20 @@ fn posix_gate_passes_on_agentfs() {
 }
 
 #[test]
+fn posix_gate_passes_with_the_writeback_cache_off() {
+    if !fuse_or_skip("posix_gate_passes_with_the_writeback_cache_off") {
+        return;
+    }
+    // Write-through: every write reaches the store at once and LSEEK answers from the chunk map.
+    let mut m = Mounted::with_env(&[("AGENTFS_FUSE_WRITEBACK_CACHE", "0")]);
+    let (ok, text) = gate(&["validation/posix_gate.py", m.mnt.to_str().unwrap()]);
+    println!("{text}");
+    assert!(ok, "posix gate failed without the writeback cache:\n{text}");
+    m.unmount();
+    common::assert_consistent(&m.db);
+}
+
+#[test]
 fn crash_gate_passes() {
     if !fuse_or_skip("crash_gate_passes") {
         return;

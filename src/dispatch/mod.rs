@@ -6,7 +6,7 @@
 mod attr;
 mod refs;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::abi;
@@ -40,6 +40,8 @@ pub struct Dispatcher {
     refs: LookupRefs,
     ttl: Ttls,
     knobs: Knobs,
+    /// Set once by INIT, before any other request is served.
+    negotiated: OnceLock<Negotiated>,
 }
 
 fn name_ok(name: &[u8]) -> Result<&[u8], Errno> {
@@ -60,7 +62,16 @@ impl Dispatcher {
                 negative: Duration::from_millis(knobs.fuse_negative_ttl_ms),
             },
             knobs: knobs.clone(),
+            negotiated: OnceLock::new(),
         }
+    }
+
+    /// Whether the kernel caches writes (then it, not the store, knows the latest file bytes
+    /// until it writes them back).
+    fn writeback_cache(&self) -> bool {
+        self.negotiated
+            .get()
+            .is_some_and(|n| n.flags & abi::FUSE_WRITEBACK_CACHE != 0)
     }
 
     pub fn store(&self) -> &Arc<Store> {
@@ -131,6 +142,7 @@ impl Dispatcher {
             max_write,
             flags,
         };
+        let _ = self.negotiated.set(negotiated);
         (Reply::Data(reply::init(&out)), Some(negotiated))
     }
 
@@ -233,6 +245,11 @@ impl Dispatcher {
                 .store
                 .fallocate(ino, *offset, *length, *mode)
                 .map(|_| empty()),
+            // With the writeback cache, dirty pages the kernel has not sent yet are invisible
+            // to the chunk map (the kernel does not flush before LSEEK), so a hole we report
+            // could hide data. ENOSYS makes the kernel answer from i_size instead: the whole
+            // file is data, which is always correct. Without it the chunk map is exact.
+            Operation::Lseek { .. } if self.writeback_cache() => Err(Errno::ENOSYS),
             Operation::Lseek { offset, whence, .. } => self
                 .store
                 .lseek(ino, *offset, *whence)
