@@ -154,7 +154,14 @@ fn truncate_never_resurrects_stale_bytes() {
 fn truncate_extend_inline_stays_inline_then_spills() {
     let db = fresh_with(4096, 1024);
     let size = |f, n| {
-        db.setattr(f, &SetAttr { size: Some(n), ..Default::default() }).unwrap();
+        db.setattr(
+            f,
+            &SetAttr {
+                size: Some(n),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     };
     let f = db.file(Ino::ROOT, "f");
     db.write(f, 0, b"abc").unwrap();

@@ -407,7 +407,11 @@ fn readdir_paging_survives_concurrent_changes() {
         seen.extend(page.into_iter().map(|e| e.name));
         // Between pages: delete one already listed and one not yet listed, add one.
         round += 1;
-        assert!(round < 200, "listing does not end: {:?}", &seen[seen.len().saturating_sub(20)..]);
+        assert!(
+            round < 200,
+            "listing does not end: {:?}",
+            &seen[seen.len().saturating_sub(20)..]
+        );
         let listed = format!("f{:02}", round - 1).into_bytes();
         if seen.contains(&listed) {
             db.unlink(d, &listed, &NoReferences).unwrap();
@@ -522,5 +526,48 @@ fn failed_operations_leave_no_trace() {
     assert_eq!(db.mkdir(Ino::ROOT, b"a/b", 0o755, ME), Err(Errno::EINVAL));
     assert_eq!(db.symlink(Ino::ROOT, b"s", b"", ME), Err(Errno::ENOENT));
     assert_eq!(db.q("SELECT count(*) FROM fs_inode"), n_inodes);
+    db.assert_clean();
+}
+
+#[test]
+fn a_failing_statement_rolls_back_the_whole_operation() {
+    let db = fresh();
+    let f = db.file(Ino::ROOT, "f");
+    let data = pattern(100_000, 1);
+    db.write(f, 0, &data).unwrap();
+    // Make the final size update of a write fail after its chunk rows were written.
+    db.raw()
+        .execute_batch(
+            "CREATE TRIGGER boom BEFORE UPDATE OF size ON fs_inode
+             BEGIN SELECT RAISE(ABORT, 'injected'); END;",
+        )
+        .unwrap();
+    assert!(db.write(f, 0, &vec![9u8; 200_000]).is_err());
+    assert!(db
+        .setattr(
+            f,
+            &SetAttr {
+                size: Some(5),
+                ..Default::default()
+            }
+        )
+        .is_err());
+    db.raw().execute_batch("DROP TRIGGER boom").unwrap();
+    assert_eq!(db.all(f), data);
+    assert_eq!(db.rows(f), 2);
+    // Same for a rename over a target whose deletion fails.
+    let g = db.file(Ino::ROOT, "g");
+    db.raw()
+        .execute_batch(
+            "CREATE TRIGGER boom2 BEFORE DELETE ON fs_inode
+             BEGIN SELECT RAISE(ABORT, 'injected'); END;",
+        )
+        .unwrap();
+    assert!(db
+        .rename(Ino::ROOT, b"f", Ino::ROOT, b"g", NONE, &NoReferences)
+        .is_err());
+    db.raw().execute_batch("DROP TRIGGER boom2").unwrap();
+    assert_eq!(db.lookup(Ino::ROOT, b"f").unwrap().ino, f);
+    assert_eq!(db.lookup(Ino::ROOT, b"g").unwrap().ino, g);
     db.assert_clean();
 }

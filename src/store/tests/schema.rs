@@ -27,9 +27,9 @@ fn spec_ddl() -> Vec<String> {
     let body = &rest[start..];
     let body = &body[..body.find("\n```").expect("block end")];
     assert_eq!(
-        rest[start + body.len()..].matches("```sql").count(),
-        0,
-        "exactly one sql block belongs to the DDL section"
+        spec.matches("```sql").count(),
+        1,
+        "SPEC.md has exactly one sql block"
     );
     let mut v: Vec<String> = body
         .split(';')
