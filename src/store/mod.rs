@@ -535,7 +535,8 @@ impl Store {
         Ok(())
     }
 
-    /// Run the consistency checker (see [`check`](check::check) for the rule names).
+    /// Run the consistency checker; each [`Finding`] names its rule (the rule names are
+    /// listed in SPEC.md "Consistency rules").
     pub fn check(&self) -> Result<Vec<Finding>, Errno> {
         self.read_tx(|c| check::check(c, &self.config))
     }

@@ -94,8 +94,11 @@ fn host_space(path: &Path) -> Option<(u64, u64)> {
     }
     // SAFETY: rc == 0, so statvfs filled the struct.
     let st = unsafe { st.assume_init() };
-    let frsize = st.f_frsize as u64;
-    Some((st.f_bavail as u64 * frsize, st.f_blocks as u64 * frsize))
+    let frsize = st.f_frsize;
+    Some((
+        st.f_bavail.saturating_mul(frsize),
+        st.f_blocks.saturating_mul(frsize),
+    ))
 }
 
 /// statfs from page counts and the inode sequence: no table scans. Capacity is the database's

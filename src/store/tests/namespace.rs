@@ -1,0 +1,573 @@
+use super::*;
+
+const NONE: RenameFlags = RenameFlags {
+    noreplace: false,
+    exchange: false,
+};
+const NOREPLACE: RenameFlags = RenameFlags {
+    noreplace: true,
+    exchange: false,
+};
+const EXCHANGE: RenameFlags = RenameFlags {
+    noreplace: false,
+    exchange: true,
+};
+
+#[test]
+fn create_lookup_and_errnos() {
+    let db = fresh();
+    let a = db
+        .mknod(Ino::ROOT, b"f", libc::S_IFREG | 0o640, 0, ME)
+        .unwrap();
+    assert_eq!(
+        (a.mode, a.nlink, a.uid, a.gid, a.size),
+        (libc::S_IFREG | 0o640, 1, 1000, 1000, 0)
+    );
+    assert_eq!(
+        db.lookup(Ino::ROOT, b"f").unwrap(),
+        db.getattr(a.ino).unwrap()
+    );
+    assert_eq!(
+        db.mknod(Ino::ROOT, b"f", libc::S_IFREG | 0o640, 0, ME),
+        Err(Errno::EEXIST)
+    );
+    assert_eq!(db.mkdir(Ino::ROOT, b"f", 0o755, ME), Err(Errno::EEXIST));
+    assert_eq!(db.lookup(Ino::ROOT, b"nope"), Err(Errno::ENOENT));
+    assert_eq!(db.lookup(a.ino, b"x"), Err(Errno::ENOTDIR));
+    assert_eq!(db.lookup(Ino(12345), b"x"), Err(Errno::ENOENT));
+    assert_eq!(db.lookup(Ino::ROOT, &[b'a'; 256]), Err(Errno::ENAMETOOLONG));
+    assert_eq!(
+        db.mkdir(Ino::ROOT, &[b'a'; 256], 0o755, ME),
+        Err(Errno::ENAMETOOLONG)
+    );
+    assert!(db.mkdir(Ino::ROOT, &[b'a'; 255], 0o755, ME).is_ok());
+    assert_eq!(db.mkdir(a.ino, b"x", 0o755, ME), Err(Errno::ENOTDIR));
+    assert_eq!(db.mkdir(Ino(999), b"x", 0o755, ME), Err(Errno::ENOENT));
+    assert_eq!(
+        db.mknod(Ino::ROOT, b"d", libc::S_IFDIR | 0o755, 0, ME),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(db.lookup(Ino::ROOT, b".").unwrap().ino, Ino::ROOT);
+    assert_eq!(db.lookup(Ino::ROOT, b"..").unwrap().ino, Ino::ROOT);
+    let d = db.dir(Ino::ROOT, "d");
+    assert_eq!(db.lookup(d, b"..").unwrap().ino, Ino::ROOT);
+    db.assert_clean();
+}
+
+#[test]
+fn special_files_and_symlinks() {
+    let db = fresh();
+    for (name, kind, rdev) in [
+        ("fifo", libc::S_IFIFO, 0),
+        ("chr", libc::S_IFCHR, 0x0103),
+        ("blk", libc::S_IFBLK, 0x0801),
+        ("sock", libc::S_IFSOCK, 0),
+    ] {
+        let a = db
+            .mknod(Ino::ROOT, name.as_bytes(), kind | 0o600, rdev, ME)
+            .unwrap();
+        assert_eq!(a.mode, kind | 0o600);
+        assert_eq!(a.rdev, rdev);
+        assert_eq!(db.kind(a.ino), 0);
+    }
+    let l = db.symlink(Ino::ROOT, b"l", b"../some/where", ME).unwrap();
+    assert_eq!(l.mode, libc::S_IFLNK | 0o777);
+    assert_eq!(l.size, 13);
+    assert_eq!(db.readlink(l.ino).unwrap(), b"../some/where");
+    assert_eq!(db.readlink(Ino::ROOT), Err(Errno::EINVAL));
+    // Non-UTF-8 names and targets round-trip.
+    let odd = db.symlink(Ino::ROOT, b"\xff\xfe", b"\x80x", ME).unwrap();
+    assert_eq!(db.readlink(odd.ino).unwrap(), b"\x80x");
+    assert_eq!(db.lookup(Ino::ROOT, b"\xff\xfe").unwrap().ino, odd.ino);
+    let names: Vec<Vec<u8>> = db
+        .readdir(Ino::ROOT, 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&b"\xff\xfe".to_vec()));
+    db.assert_clean();
+}
+
+#[test]
+fn setgid_directories_pass_on_group() {
+    let db = fresh();
+    let d = db.dir(Ino::ROOT, "d");
+    db.setattr(
+        d,
+        &SetAttr {
+            gid: Some(77),
+            mode: Some(0o2775),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let f = db.mknod(d, b"f", libc::S_IFREG | 0o644, 0, ME).unwrap();
+    assert_eq!(f.gid, 77);
+    assert_eq!(f.mode & libc::S_ISGID, 0);
+    let sub = db.mkdir(d, b"sub", 0o755, ME).unwrap();
+    assert_eq!(sub.gid, 77);
+    assert_ne!(sub.mode & libc::S_ISGID, 0);
+    let plain = db.mkdir(Ino::ROOT, b"plain", 0o755, ME).unwrap();
+    assert_eq!(plain.gid, 1000);
+}
+
+#[test]
+fn nlink_reporting_and_hard_links() {
+    let db = fresh();
+    let a = db.dir(Ino::ROOT, "a");
+    let _b = db.dir(a, "b");
+    let _c = db.dir(a, "c");
+    let f = db.file(a, "f");
+    assert_eq!(db.getattr(Ino::ROOT).unwrap().nlink, 3);
+    assert_eq!(db.getattr(a).unwrap().nlink, 4);
+    assert_eq!(
+        db.q(&format!("SELECT nlink FROM fs_inode WHERE ino = {}", a.0)),
+        1
+    );
+    let l = db.link(f, Ino::ROOT, b"f2").unwrap();
+    assert_eq!(l.nlink, 2);
+    assert_eq!(db.link(f, Ino::ROOT, b"f2"), Err(Errno::EEXIST));
+    assert_eq!(db.link(a, Ino::ROOT, b"a2"), Err(Errno::EPERM));
+    assert_eq!(db.link(Ino(999), Ino::ROOT, b"zz"), Err(Errno::ENOENT));
+    db.unlink(a, b"f", &NoReferences).unwrap();
+    assert_eq!(db.getattr(f).unwrap().nlink, 1);
+    assert_eq!(db.read(f, 0, 1).unwrap(), b"");
+    db.rmdir(a, b"b", &NoReferences).unwrap();
+    assert_eq!(db.getattr(a).unwrap().nlink, 3);
+    db.assert_clean();
+}
+
+#[test]
+fn parent_times_change_on_entry_changes() {
+    let db = fresh();
+    let d = db.dir(Ino::ROOT, "d");
+    let old = Timespec { sec: 1, nsec: 0 };
+    let reset = |ino| {
+        db.setattr(
+            ino,
+            &SetAttr {
+                mtime: Some(TimeSet::At(old)),
+                ctime: Some(old),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    reset(d);
+    let f = db.file(d, "f");
+    assert!(db.getattr(d).unwrap().mtime.sec > 1);
+    reset(d);
+    reset(f);
+    db.link(f, d, b"g").unwrap();
+    let (da, fa) = (db.getattr(d).unwrap(), db.getattr(f).unwrap());
+    assert!(da.mtime.sec > 1 && da.ctime.sec > 1 && fa.ctime.sec > 1);
+    assert_eq!(fa.mtime, old);
+    reset(d);
+    reset(f);
+    db.unlink(d, b"g", &NoReferences).unwrap();
+    assert!(db.getattr(d).unwrap().mtime.sec > 1 && db.getattr(f).unwrap().ctime.sec > 1);
+    reset(d);
+    reset(f);
+    db.rename(d, b"f", d, b"h", NONE, &NoReferences).unwrap();
+    assert!(db.getattr(d).unwrap().mtime.sec > 1 && db.getattr(f).unwrap().ctime.sec > 1);
+}
+
+#[test]
+fn unlink_and_rmdir_errnos() {
+    let db = fresh();
+    let d = db.dir(Ino::ROOT, "d");
+    let f = db.file(d, "f");
+    assert_eq!(
+        db.unlink(Ino::ROOT, b"d", &NoReferences),
+        Err(Errno::EISDIR)
+    );
+    assert_eq!(db.rmdir(d, b"f", &NoReferences), Err(Errno::ENOTDIR));
+    assert_eq!(
+        db.rmdir(Ino::ROOT, b"d", &NoReferences),
+        Err(Errno::ENOTEMPTY)
+    );
+    assert_eq!(db.rmdir(d, b".", &NoReferences), Err(Errno::EINVAL));
+    assert_eq!(db.rmdir(d, b"..", &NoReferences), Err(Errno::ENOTEMPTY));
+    assert_eq!(db.unlink(d, b"nope", &NoReferences), Err(Errno::ENOENT));
+    assert_eq!(db.unlink(f, b"x", &NoReferences), Err(Errno::ENOTDIR));
+    db.unlink(d, b"f", &NoReferences).unwrap();
+    assert_eq!(db.getattr(f), Err(Errno::ENOENT));
+    db.rmdir(Ino::ROOT, b"d", &NoReferences).unwrap();
+    assert_eq!(db.getattr(d), Err(Errno::ENOENT));
+    db.assert_clean();
+}
+
+#[test]
+fn orphans_are_retained_then_reaped() {
+    let db = fresh();
+    let f = db.file(Ino::ROOT, "f");
+    db.write(f, 0, &pattern(100_000, 1)).unwrap();
+    db.setxattr(f, b"user.k", b"v", 0).unwrap();
+    db.unlink(Ino::ROOT, b"f", &Keep).unwrap();
+    // Still readable and writable through the inode.
+    let a = db.getattr(f).unwrap();
+    assert_eq!(a.nlink, 0);
+    assert_eq!(db.read(f, 0, 10).unwrap(), pattern(10, 1));
+    db.write(f, 0, b"zz").unwrap();
+    assert_eq!(db.lookup(Ino::ROOT, b"f"), Err(Errno::ENOENT));
+    assert_eq!(db.link(f, Ino::ROOT, b"again"), Err(Errno::ENOENT));
+    let findings = db.check().unwrap();
+    assert_eq!(findings.len(), 1);
+    assert_eq!(findings[0].rule, "orphan");
+    // reap of a live inode is a no-op.
+    let g = db.file(Ino::ROOT, "g");
+    db.reap(g).unwrap();
+    assert!(db.getattr(g).is_ok());
+    db.reap(f).unwrap();
+    assert_eq!(db.getattr(f), Err(Errno::ENOENT));
+    assert_eq!(db.q("SELECT count(*) FROM fs_data"), 0);
+    assert_eq!(db.q("SELECT count(*) FROM fs_xattr"), 0);
+    db.assert_clean();
+    // Orphaned directory, and reap_orphans at mount start.
+    let d = db.dir(Ino::ROOT, "d");
+    db.rmdir(Ino::ROOT, b"d", &Keep).unwrap();
+    assert_eq!(db.getattr(d).unwrap().nlink, 0);
+    assert_eq!(db.mknod(d, b"x", libc::S_IFREG, 0, ME), Err(Errno::ENOENT));
+    let h = db.file(Ino::ROOT, "h");
+    db.rename(Ino::ROOT, b"g", Ino::ROOT, b"h", NONE, &Keep)
+        .unwrap();
+    assert_eq!(db.getattr(h).unwrap().nlink, 0);
+    assert_eq!(db.reap_orphans().unwrap(), 2);
+    assert_eq!(db.reap_orphans().unwrap(), 0);
+    assert!(db.getattr(Ino::ROOT).is_ok());
+    db.assert_clean();
+}
+
+#[test]
+fn rename_basic_and_over_targets() {
+    let db = fresh();
+    let a = db.dir(Ino::ROOT, "a");
+    let b = db.dir(Ino::ROOT, "b");
+    let f = db.file(a, "f");
+    db.rename(a, b"f", b, b"g", NONE, &NoReferences).unwrap();
+    assert_eq!(db.lookup(b, b"g").unwrap().ino, f);
+    assert_eq!(db.lookup(a, b"f"), Err(Errno::ENOENT));
+    // Over an existing file: the target loses its name and is deleted.
+    let t = db.file(b, "t");
+    db.write(t, 0, &pattern(70_000, 1)).unwrap();
+    db.rename(b, b"g", b, b"t", NONE, &NoReferences).unwrap();
+    assert_eq!(db.lookup(b, b"t").unwrap().ino, f);
+    assert_eq!(db.getattr(t), Err(Errno::ENOENT));
+    assert_eq!(db.rows(t), 0);
+    // Same inode (hard links): no-op, both names stay.
+    db.link(f, b, b"t2").unwrap();
+    db.rename(b, b"t", b, b"t2", NONE, &NoReferences).unwrap();
+    assert_eq!(db.lookup(b, b"t").unwrap().ino, f);
+    assert_eq!(db.lookup(b, b"t2").unwrap().ino, f);
+    // Dir over empty dir; dir moves change ".." and parent nlink.
+    let e = db.dir(Ino::ROOT, "e");
+    db.rename(Ino::ROOT, b"a", Ino::ROOT, b"e", NONE, &NoReferences)
+        .unwrap();
+    assert_eq!(db.getattr(e), Err(Errno::ENOENT));
+    db.rename(Ino::ROOT, b"e", b, b"a", NONE, &NoReferences)
+        .unwrap();
+    assert_eq!(db.lookup(a, b"..").unwrap().ino, b);
+    assert_eq!(db.getattr(b).unwrap().nlink, 3);
+    assert_eq!(db.getattr(Ino::ROOT).unwrap().nlink, 3);
+    db.assert_clean();
+}
+
+#[test]
+fn rename_errnos() {
+    let db = fresh();
+    let a = db.dir(Ino::ROOT, "a");
+    let sub = db.dir(a, "sub");
+    let _deep = db.dir(sub, "deep");
+    let full = db.dir(Ino::ROOT, "full");
+    db.file(full, "x");
+    let _f = db.file(Ino::ROOT, "f");
+    let n = &NoReferences;
+    let r = |p, s: &[u8], np, ns: &[u8], fl| db.rename(p, s, np, ns, fl, n);
+    assert_eq!(
+        r(Ino::ROOT, b"nope", Ino::ROOT, b"x", NONE),
+        Err(Errno::ENOENT)
+    );
+    assert_eq!(
+        r(Ino::ROOT, b"a", Ino::ROOT, b"full", NONE),
+        Err(Errno::ENOTEMPTY)
+    );
+    assert_eq!(
+        r(Ino::ROOT, b"a", Ino::ROOT, b"f", NONE),
+        Err(Errno::ENOTDIR)
+    );
+    assert_eq!(
+        r(Ino::ROOT, b"f", Ino::ROOT, b"a", NONE),
+        Err(Errno::EISDIR)
+    );
+    assert_eq!(r(Ino::ROOT, b"a", sub, b"x", NONE), Err(Errno::EINVAL));
+    assert_eq!(r(Ino::ROOT, b"a", a, b"x", NONE), Err(Errno::EINVAL));
+    assert_eq!(
+        r(Ino::ROOT, b"f", Ino::ROOT, b"a", NOREPLACE),
+        Err(Errno::EEXIST)
+    );
+    assert_eq!(
+        r(
+            Ino::ROOT,
+            b"f",
+            Ino::ROOT,
+            b"a",
+            RenameFlags {
+                noreplace: true,
+                exchange: true
+            }
+        ),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        r(Ino::ROOT, b"f", Ino::ROOT, b"zzz", EXCHANGE),
+        Err(Errno::ENOENT)
+    );
+    assert_eq!(r(Ino::ROOT, b"f", Ino(999), b"x", NONE), Err(Errno::ENOENT));
+    let fino = db.lookup(Ino::ROOT, b"f").unwrap().ino;
+    assert_eq!(r(Ino::ROOT, b"f", fino, b"x", NONE), Err(Errno::ENOTDIR));
+    assert_eq!(
+        r(Ino::ROOT, b"f", Ino::ROOT, &[b'x'; 256], NONE),
+        Err(Errno::ENAMETOOLONG)
+    );
+    // Exchange that would put a directory inside itself.
+    assert_eq!(
+        r(Ino::ROOT, b"a", sub, b"deep", EXCHANGE),
+        Err(Errno::EINVAL)
+    );
+    // noreplace to a free name works.
+    r(Ino::ROOT, b"f", Ino::ROOT, b"g", NOREPLACE).unwrap();
+    db.assert_clean();
+}
+
+#[test]
+fn rename_exchange_swaps_atomically() {
+    let db = fresh();
+    let a = db.dir(Ino::ROOT, "a");
+    let b = db.dir(Ino::ROOT, "b");
+    let d = db.dir(a, "d");
+    let f = db.file(b, "f");
+    db.rename(a, b"d", b, b"f", EXCHANGE, &NoReferences)
+        .unwrap();
+    assert_eq!(db.lookup(a, b"d").unwrap().ino, f);
+    assert_eq!(db.lookup(b, b"f").unwrap().ino, d);
+    assert_eq!(db.lookup(d, b"..").unwrap().ino, b);
+    assert_eq!(db.getattr(a).unwrap().nlink, 2);
+    assert_eq!(db.getattr(b).unwrap().nlink, 3);
+    // Exchanging an entry with itself (hard link) is a no-op.
+    db.link(f, a, b"f2").unwrap();
+    db.rename(a, b"d", a, b"f2", EXCHANGE, &NoReferences)
+        .unwrap();
+    db.assert_clean();
+}
+
+#[test]
+fn readdir_lists_dot_dotdot_and_entries_with_cookies() {
+    let db = fresh();
+    let d = db.dir(Ino::ROOT, "d");
+    let x = db.file(d, "x");
+    let y = db.dir(d, "y");
+    let all = db.readdir(d, 0, 100).unwrap();
+    let names: Vec<&[u8]> = all.iter().map(|e| e.name.as_slice()).collect();
+    assert_eq!(names, [&b"."[..], b"..", b"x", b"y"]);
+    assert_eq!(all[0].ino, d);
+    assert_eq!(all[1].ino, Ino::ROOT);
+    assert_eq!((all[2].ino, all[2].kind), (x, libc::S_IFREG));
+    assert_eq!((all[3].ino, all[3].kind), (y, libc::S_IFDIR));
+    for i in 0..all.len() {
+        let rest = db.readdir(d, all[i].offset, 100).unwrap();
+        assert_eq!(rest, all[i + 1..]);
+    }
+    let root = db.readdir(Ino::ROOT, 0, 2).unwrap();
+    assert_eq!(root[1].ino, Ino::ROOT);
+    assert_eq!(db.readdir(x, 0, 10), Err(Errno::ENOTDIR));
+    let plus = db.readdirplus(d, 0, 100).unwrap();
+    assert_eq!(plus.len(), 4);
+    assert_eq!(plus[3].1, db.getattr(y).unwrap());
+    assert_eq!(plus[0].1.nlink, 3);
+}
+
+#[test]
+fn readdir_paging_survives_concurrent_changes() {
+    let db = fresh();
+    let d = db.dir(Ino::ROOT, "d");
+    for i in 0..60 {
+        db.file(d, &format!("f{i:02}"));
+    }
+    let mut seen: Vec<Vec<u8>> = Vec::new();
+    let mut removed_unseen: Vec<Vec<u8>> = Vec::new();
+    let mut cookie = 0;
+    let mut round = 0;
+    loop {
+        let page = db.readdir(d, cookie, 7).unwrap();
+        if page.is_empty() {
+            break;
+        }
+        cookie = page.last().unwrap().offset;
+        seen.extend(page.into_iter().map(|e| e.name));
+        // Between pages: delete one already listed and one not yet listed, add one.
+        round += 1;
+        assert!(
+            round < 200,
+            "listing does not end: {:?}",
+            &seen[seen.len().saturating_sub(20)..]
+        );
+        let listed = format!("f{:02}", round - 1).into_bytes();
+        if seen.contains(&listed) {
+            db.unlink(d, &listed, &NoReferences).unwrap();
+        }
+        let ahead = format!("f{:02}", 60 - round).into_bytes();
+        if !seen.contains(&ahead) && db.unlink(d, &ahead, &NoReferences).is_ok() {
+            removed_unseen.push(ahead);
+        }
+        if round <= 5 {
+            db.file(d, &format!("new{round}"));
+        }
+    }
+    let mut uniq = seen.clone();
+    uniq.sort();
+    uniq.dedup();
+    assert_eq!(uniq.len(), seen.len(), "an entry was listed twice");
+    assert!(!removed_unseen.is_empty());
+    for i in 0..60 {
+        let n = format!("f{i:02}").into_bytes();
+        let shown = seen.contains(&n);
+        if removed_unseen.contains(&n) {
+            assert!(!shown, "entry removed before its page was listed");
+        } else {
+            assert!(shown, "survivor {} skipped", String::from_utf8_lossy(&n));
+        }
+    }
+    // New entries are listed (they sort after every existing id).
+    assert!(seen.iter().any(|n| n.starts_with(b"new")));
+}
+
+#[test]
+fn readdir_pages_large_directory() {
+    let db = fresh();
+    let d = db.dir(Ino::ROOT, "big");
+    let n = 3000;
+    for i in 0..n {
+        db.file(d, &format!("entry{i}"));
+    }
+    let started = std::time::Instant::now();
+    let mut cookie = 0;
+    let mut count = 0;
+    loop {
+        let page = db.readdir(d, cookie, 50).unwrap();
+        let Some(last) = page.last() else { break };
+        cookie = last.offset;
+        count += page.len();
+    }
+    assert_eq!(count, n + 2);
+    assert!(started.elapsed().as_secs() < 10);
+}
+
+#[test]
+fn xattrs() {
+    let db = fresh();
+    let f = db.file(Ino::ROOT, "f");
+    assert_eq!(db.getxattr(f, b"user.a"), Err(Errno::ENODATA));
+    db.setxattr(f, b"user.b", b"2", 0).unwrap();
+    db.setxattr(f, b"user.a", b"1", libc::XATTR_CREATE as u32)
+        .unwrap();
+    assert_eq!(
+        db.setxattr(f, b"user.a", b"x", libc::XATTR_CREATE as u32),
+        Err(Errno::EEXIST)
+    );
+    assert_eq!(
+        db.setxattr(f, b"user.c", b"x", libc::XATTR_REPLACE as u32),
+        Err(Errno::ENODATA)
+    );
+    db.setxattr(f, b"user.a", b"one", libc::XATTR_REPLACE as u32)
+        .unwrap();
+    assert_eq!(db.getxattr(f, b"user.a").unwrap(), b"one");
+    assert_eq!(db.listxattr(f).unwrap(), b"user.a\0user.b\0");
+    db.setxattr(f, b"user.empty", b"", 0).unwrap();
+    assert_eq!(db.getxattr(f, b"user.empty").unwrap(), b"");
+    assert_eq!(db.setxattr(f, &[b'n'; 256], b"", 0), Err(Errno::ERANGE));
+    assert_eq!(
+        db.setxattr(f, b"user.big", &vec![0; 65537], 0),
+        Err(Errno::E2BIG)
+    );
+    db.setxattr(f, b"user.max", &vec![7; 65536], 0).unwrap();
+    db.removexattr(f, b"user.a").unwrap();
+    assert_eq!(db.removexattr(f, b"user.a"), Err(Errno::ENODATA));
+    assert_eq!(db.listxattr(f).unwrap(), b"user.b\0user.empty\0user.max\0");
+    assert_eq!(db.getxattr(Ino(999), b"user.a"), Err(Errno::ENOENT));
+    db.setxattr(Ino::ROOT, b"trusted.x", b"\0\xff", 0).unwrap();
+    assert_eq!(db.getxattr(Ino::ROOT, b"trusted.x").unwrap(), b"\0\xff");
+    db.unlink(Ino::ROOT, b"f", &NoReferences).unwrap();
+    assert_eq!(db.q("SELECT count(*) FROM fs_xattr"), 1);
+    db.assert_clean();
+}
+
+#[test]
+fn resolve_paths() {
+    let db = fresh();
+    let a = db.dir(Ino::ROOT, "a");
+    let b = db.dir(a, "b");
+    let f = db.file(b, "f");
+    db.symlink(a, b"l", b"b", ME).unwrap();
+    assert_eq!(db.resolve(b"/").unwrap(), Ino::ROOT);
+    assert_eq!(db.resolve(b"/a/b/f").unwrap(), f);
+    assert_eq!(db.resolve(b"//a/./b/../b/f").unwrap(), f);
+    assert_eq!(db.resolve(b"/a/b/").unwrap(), b);
+    assert_eq!(db.resolve(b"/a/l/f"), Err(Errno::ENOTDIR));
+    assert_eq!(db.resolve(b"/a/nope"), Err(Errno::ENOENT));
+    assert_eq!(db.resolve(b"a/b"), Err(Errno::EINVAL));
+    assert_eq!(db.resolve(b"/a/b/f/x"), Err(Errno::ENOTDIR));
+}
+
+#[test]
+fn failed_operations_leave_no_trace() {
+    let db = fresh();
+    let n_inodes = db.q("SELECT count(*) FROM fs_inode");
+    assert_eq!(db.mkdir(Ino::ROOT, b"a/b", 0o755, ME), Err(Errno::EINVAL));
+    assert_eq!(db.symlink(Ino::ROOT, b"s", b"", ME), Err(Errno::ENOENT));
+    assert_eq!(db.q("SELECT count(*) FROM fs_inode"), n_inodes);
+    db.assert_clean();
+}
+
+#[test]
+fn a_failing_statement_rolls_back_the_whole_operation() {
+    let db = fresh();
+    let f = db.file(Ino::ROOT, "f");
+    let data = pattern(100_000, 1);
+    db.write(f, 0, &data).unwrap();
+    // Make the final size update of a write fail after its chunk rows were written.
+    db.raw()
+        .execute_batch(
+            "CREATE TRIGGER boom BEFORE UPDATE OF size ON fs_inode
+             BEGIN SELECT RAISE(ABORT, 'injected'); END;",
+        )
+        .unwrap();
+    assert!(db.write(f, 0, &vec![9u8; 200_000]).is_err());
+    assert!(db
+        .setattr(
+            f,
+            &SetAttr {
+                size: Some(5),
+                ..Default::default()
+            }
+        )
+        .is_err());
+    db.raw().execute_batch("DROP TRIGGER boom").unwrap();
+    assert_eq!(db.all(f), data);
+    assert_eq!(db.rows(f), 2);
+    // Same for a rename over a target whose deletion fails.
+    let g = db.file(Ino::ROOT, "g");
+    db.raw()
+        .execute_batch(
+            "CREATE TRIGGER boom2 BEFORE DELETE ON fs_inode
+             BEGIN SELECT RAISE(ABORT, 'injected'); END;",
+        )
+        .unwrap();
+    assert!(db
+        .rename(Ino::ROOT, b"f", Ino::ROOT, b"g", NONE, &NoReferences)
+        .is_err());
+    db.raw().execute_batch("DROP TRIGGER boom2").unwrap();
+    assert_eq!(db.lookup(Ino::ROOT, b"f").unwrap().ino, f);
+    assert_eq!(db.lookup(Ino::ROOT, b"g").unwrap().ino, g);
+    db.assert_clean();
+}
