@@ -20,6 +20,7 @@ pub fn run(a: Args) -> super::CliResult {
     let opts = InitOptions {
         chunk_size: a.chunk_size,
         inline_threshold: a.inline_threshold,
+        ..InitOptions::default()
     };
     Store::create(&a.db, &opts).map_err(|e| e.to_string())?;
     Ok(0)

@@ -139,13 +139,18 @@ pub struct FsConfig {
 pub struct InitOptions {
     pub chunk_size: u64,
     pub inline_threshold: u64,
+    /// Owner of the root directory: whoever creates the database, so an ordinary user can
+    /// write into a filesystem they made.
+    pub root_owner: Caller,
 }
 
 impl Default for InitOptions {
     fn default() -> Self {
+        let (uid, gid) = crate::sys::ids::effective();
         Self {
             chunk_size: 65536,
             inline_threshold: 4096,
+            root_owner: Caller { uid, gid },
         }
     }
 }

@@ -248,8 +248,14 @@ fn create_in(path: &Path, opts: &InitOptions) -> Result<(), StoreError> {
     tx.execute(
         "INSERT INTO fs_inode (ino, mode, nlink, uid, gid, size, atime, mtime, ctime,
                                atime_nsec, mtime_nsec, ctime_nsec)
-         VALUES (1, ?1, 1, 0, 0, 0, ?2, ?2, ?2, ?3, ?3, ?3)",
-        (0o040755i64, now.sec, now.nsec),
+         VALUES (1, ?1, 1, ?4, ?5, 0, ?2, ?2, ?2, ?3, ?3, ?3)",
+        (
+            0o040755i64,
+            now.sec,
+            now.nsec,
+            opts.root_owner.uid,
+            opts.root_owner.gid,
+        ),
     )
     .map_err(sqlite_err(path))?;
     tx.pragma_update(None, "user_version", USER_VERSION_V05)

@@ -76,31 +76,6 @@ pub fn setattr(
 /// Block size statfs reports.
 const BSIZE: u64 = 4096;
 
-/// The host filesystem's free bytes (for the caller) and total bytes, if statvfs works.
-fn host_space(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::ffi::OsStrExt;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c` is a NUL-terminated path that outlives the call and `st` points to writable
-    // memory of the right type; statvfs initialises it fully when it returns 0.
-    // (This belongs in sys/ once that module grows a statvfs wrapper.)
-    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: rc == 0, so statvfs filled the struct.
-    let st = unsafe { st.assume_init() };
-    let frsize = st.f_frsize;
-    Some((
-        st.f_bavail.saturating_mul(frsize),
-        st.f_blocks.saturating_mul(frsize),
-    ))
-}
-
 /// statfs from page counts and the inode sequence: no table scans. Capacity is the database's
 /// used pages plus its free pages plus what the host filesystem can still give it.
 pub fn statfs(c: &Connection, path: &Path) -> Result<StatFs, Errno> {
@@ -117,7 +92,7 @@ pub fn statfs(c: &Connection, path: &Path) -> Result<StatFs, Errno> {
         .unwrap_or(1);
     let ps = page_size.max(0) as u64;
     let used = (pages - free).max(0) as u64 * ps;
-    let (host_free, _) = host_space(path).unwrap_or((0, 0));
+    let (host_free, _) = crate::sys::space::host_space(path).unwrap_or((0, 0));
     let free_bytes = free.max(0) as u64 * ps + host_free;
     let blocks = (used + free_bytes) / BSIZE;
     let bfree = free_bytes / BSIZE;

@@ -91,6 +91,7 @@ pub fn fresh_with(chunk_size: u64, inline_threshold: u64) -> Db {
         &InitOptions {
             chunk_size,
             inline_threshold,
+            ..InitOptions::default()
         },
     )
     .unwrap();

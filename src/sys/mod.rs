@@ -1,9 +1,11 @@
 //! Operating-system plumbing: mounting and unmounting FUSE filesystems, the mount table, locks.
 //! With `transport/`, this is the only home of `unsafe`.
 
+pub mod ids;
 pub mod lock;
 pub mod mount;
 pub mod mounts;
 pub mod registry;
 pub mod signals;
+pub mod space;
 pub mod stdio;

@@ -126,8 +126,7 @@ fn option_string(opts: &MountOptions, with_fd: Option<i32>) -> String {
 
 /// Whether this process may call mount(2) itself.
 pub fn can_mount_directly() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    super::ids::is_root()
 }
 
 /// Mount with mount(2) (root). Returns the /dev/fuse connection.

@@ -14,8 +14,7 @@ pub struct ServerRecord {
 }
 
 pub fn runtime_dir() -> PathBuf {
-    // SAFETY: geteuid cannot fail.
-    let uid = unsafe { libc::geteuid() };
+    let uid = super::ids::effective().0;
     if uid == 0 {
         return PathBuf::from("/run/agentfs");
     }

@@ -116,6 +116,7 @@ fn create_refuses_existing_and_bad_options() {
             &InitOptions {
                 chunk_size: cs,
                 inline_threshold: thr,
+                ..InitOptions::default()
             },
         );
         assert!(matches!(r, Err(StoreError::Invalid { .. })), "{cs} {thr}");
