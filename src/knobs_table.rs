@@ -13,6 +13,10 @@ knob_table! {
         "Let the kernel buffer writes in the page cache and send them in large batches (0 = write-through).";
     fuse_threads: U64 = 2, [1, 64], Policy, "AGENTFS_FUSE_THREADS",
         "Threads reading requests from /dev/fuse; each has its own SQLite read connection.";
+    fuse_uring: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_URING",
+        "Serve requests over FUSE-over-io_uring when the kernel offers it (enable_uring=Y); /dev/fuse stays the fallback.";
+    fuse_uring_depth: U64 = 8, [1, 256], Policy, "AGENTFS_FUSE_URING_DEPTH",
+        "Ring entries per queue (one queue per possible CPU); each entry pins a max_write-sized buffer.";
     fuse_entry_ttl_ms: U64 = 1000, [0, 3600000], Policy, "AGENTFS_FUSE_ENTRY_TTL_MS",
         "How long the kernel may cache a name lookup (positive entries), in milliseconds.";
     fuse_attr_ttl_ms: U64 = 1000, [0, 3600000], Policy, "AGENTFS_FUSE_ATTR_TTL_MS",
