@@ -17,6 +17,10 @@ knob_table! {
         "Serve requests over FUSE-over-io_uring when the kernel offers it (enable_uring=Y); /dev/fuse stays the fallback.";
     fuse_uring_depth: U64 = 8, [1, 256], Policy, "AGENTFS_FUSE_URING_DEPTH",
         "Ring entries per queue (one queue per possible CPU); each entry pins a max_write-sized buffer.";
+    fuse_noopen: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOOPEN",
+        "Answer OPEN and OPENDIR with ENOSYS so the kernel stops sending them (and RELEASE); no state is keyed to open files.";
+    fuse_noflush: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOFLUSH",
+        "Answer FLUSH with ENOSYS so close(2) costs no request; the kernel still writes dirty pages back before close returns.";
     fuse_entry_ttl_ms: U64 = 1000, [0, 3600000], Policy, "AGENTFS_FUSE_ENTRY_TTL_MS",
         "How long the kernel may cache a name lookup (positive entries), in milliseconds.";
     fuse_attr_ttl_ms: U64 = 1000, [0, 3600000], Policy, "AGENTFS_FUSE_ATTR_TTL_MS",

@@ -161,6 +161,10 @@ is_excluded() {
   return 1
 }
 
+# Totals over every mount compared, for the closing line: passed = ok on the mount,
+# failed = regressions (plus mounts whose run did not complete), skipped = the rest.
+TOT_PASS=0 TOT_FAIL=0 TOT_OTHER=0
+
 # compare_results MOUNTPREFIX NATIVEPREFIX: 0 when nothing regresses on the mount.
 compare_results() {
   local m=$1 n=$2 bad=0 name ms ns
@@ -171,20 +175,23 @@ compare_results() {
       else
         echo "  REGRESSION $name: $ms on mount, ok natively"
         bad=1
+        TOT_FAIL=$((TOT_FAIL + 1))
+        continue
       fi
     elif [[ $ms == ok && $ns != ok ]]; then
       echo "  note $name: ok on mount, $ns natively"
-    elif [[ -z $ms || -z $ns ]]; then
-      echo "  note $name: only in one run (mount=${ms:-none} native=${ns:-none})"
+    elif [[ $ms == none || $ns == none ]]; then
+      echo "  note $name: only in one run (mount=$ms native=$ns)"
     fi
-  done < <(join -a1 -a2 -e '' -o 0,1.2,2.2 "$m.res" "$n.res")
+    if [[ $ms == ok ]]; then TOT_PASS=$((TOT_PASS + 1)); else TOT_OTHER=$((TOT_OTHER + 1)); fi
+  done < <(join -a1 -a2 -e none -o 0,1.2,2.2 "$m.res" "$n.res")
   return $bad
 }
 
 compare() {
   local mnt=$1 nat=$2 out=$3 rc=0
   run_suite "$nat" "$out/native" || return 1
-  run_suite "$mnt" "$out/mount" || { show_failures "$out/mount.log"; return 1; }
+  run_suite "$mnt" "$out/mount" || { show_failures "$out/mount.log"; TOT_FAIL=$((TOT_FAIL + 1)); return 1; }
   echo "native ($nat): $(summary "$out/native.res")"
   echo "mount  ($mnt): $(summary "$out/mount.res")"
   show_failures "$out/mount.log"
@@ -244,6 +251,7 @@ agentfs_mode() {
       AGENTFS_FUSE_ENTRY_TTL_MS=0 AGENTFS_FUSE_READDIRPLUS=0)
     if ! env "${knobs[@]}" timeout 60 "$AGENTFS" mount "$WORK/$profile.db" "$mnt"; then
       echo "agentfs [$profile]: mount failed"
+      TOT_FAIL=$((TOT_FAIL + 1))
       rc=1
       continue
     fi
@@ -253,6 +261,7 @@ agentfs_mode() {
       compare_results "$out/agentfs-$profile" "$out/native" || rc=1
     else
       echo "agentfs [$profile]: pjdfstest did not complete"
+      TOT_FAIL=$((TOT_FAIL + 1))
       rc=1
     fi
     timeout 60 "$AGENTFS" umount "$mnt" || { log "umount of $mnt failed"; rc=1; }
@@ -265,15 +274,16 @@ agentfs_mode() {
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --erofs) EROFS=1 ;;
-    --help) sed -n '2,21p' "$0"; exit 0 ;;
+    --help) sed -n '2,20p' "$0"; exit 0 ;;
     *) die "unknown option $1" ;;
   esac
   shift
 done
 
 mode=${1:-}
-[[ -n $mode ]] || { sed -n '2,21p' "$0"; exit 2; }
+[[ -n $mode ]] || { sed -n '2,20p' "$0"; exit 2; }
 shift
+[[ $mode == run || $mode == compare || $mode == agentfs ]] || die "unknown mode $mode (run, compare, agentfs)"
 install_pjdfstest
 ensure_users
 
@@ -294,16 +304,20 @@ case $mode in
     mkdir -p "$out"
     if compare "$(realpath "$1")" "$(realpath "$2")" "$out"; then
       echo "conformance: OK (no test fails on the mount that passes natively); logs in $out"
+      echo "conformance: $TOT_PASS passed, $TOT_FAIL failed, $TOT_OTHER skipped"
     else
       echo "conformance: FAILED; logs in $out"
+      echo "conformance: $TOT_PASS passed, $TOT_FAIL failed, $TOT_OTHER skipped"
       exit 1
     fi
     ;;
   agentfs)
     if agentfs_mode "${1:-}"; then
       echo "conformance: OK (no test fails on AgentFS that passes natively)"
+      echo "conformance: $TOT_PASS passed, $TOT_FAIL failed, $TOT_OTHER skipped"
     else
       echo "conformance: FAILED"
+      echo "conformance: $TOT_PASS passed, $TOT_FAIL failed, $TOT_OTHER skipped"
       exit 1
     fi
     ;;

@@ -219,9 +219,15 @@ impl Dispatcher {
             Operation::Link { oldnodeid, newname } => name_ok(newname)
                 .and_then(|n| self.store.link(Ino(*oldnodeid), ino, n))
                 .map(|a| self.entry(a)),
+            // Zero-message opens: after one ENOSYS the kernel opens files and directories
+            // without asking (fh = 0 from then on) and sends no RELEASE.
+            Operation::Open { .. } | Operation::Opendir { .. } if self.knobs.fuse_noopen => {
+                Err(Errno::ENOSYS)
+            }
             Operation::Open { .. } | Operation::Opendir { .. } => {
                 Ok(Reply::Data(reply::open(&abi::OpenOut::default())))
             }
+            Operation::Flush { .. } if self.knobs.fuse_noflush => Err(Errno::ENOSYS),
             Operation::Create { name, mode, .. } => self.create(ino, name, *mode, caller),
             Operation::Read { offset, size, .. } => {
                 self.store.read(ino, *offset, *size).map(Reply::Data)
