@@ -288,3 +288,10 @@ pub fn verify_output(path: &Path) -> Result<(), String> {
     }
     Ok(())
 }
+
+impl Store {
+    /// Every partial-origin row (for `integrity --require-portable/--check-base`).
+    pub fn partial_origins(&self) -> Result<Vec<PartialOrigin>, crate::errno::Errno> {
+        self.read_tx(|c| Ok(partial_origins(c)?))
+    }
+}
