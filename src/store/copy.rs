@@ -93,6 +93,12 @@ impl Drop for Staged {
 /// Remove a database file and its SQLite sidecars, ignoring absent ones.
 pub fn remove_db_files(path: &Path) {
     let _ = std::fs::remove_file(path);
+    remove_db_files_sidecars(path);
+}
+
+/// Remove only the `-wal`/`-shm`/`-journal` of a database no connection has open (after a
+/// checkpoint they carry nothing).
+pub fn remove_db_files_sidecars(path: &Path) {
     for ext in ["-wal", "-shm", "-journal"] {
         let mut s = path.as_os_str().to_os_string();
         s.push(ext);

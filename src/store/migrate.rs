@@ -626,7 +626,20 @@ pub fn migrate_copy(
             .map_err(|e| format!("{tp}: verification failed: {e}"))?;
         report.verified = true;
     }
-    // 4. Into place: the main file alone is complete (checkpointed, no -wal).
+    // 4. Into place: the main file alone is complete. A read-write connection closing last
+    // checkpoints the WAL into the main file and removes the sidecars.
+    {
+        let c = open_conn(&built.path, false)?;
+        let (busy, _, _): (i64, i64, i64) = c
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .ctx(&tp)?;
+        if busy != 0 {
+            return Err(format!("{tp}: could not checkpoint the new database"));
+        }
+    }
+    super::copy::remove_db_files_sidecars(&built.path);
     sync_file(&built.path)?;
     if target.exists() {
         super::copy::remove_db_files(target);
