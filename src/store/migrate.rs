@@ -461,17 +461,16 @@ fn step_v05(c: &Connection, steps: &mut Vec<String>) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// One migration step: applies its changes and appends a line per change made.
+type Step = fn(&Connection, &mut Vec<String>) -> rusqlite::Result<()>;
+
 /// Run every step after `from` on `c` in one immediate transaction that stamps user_version.
 fn run_steps(c: &mut Connection, from: Format) -> Result<Vec<String>, String> {
     let tx = c
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .ctx("begin")?;
     let mut steps = Vec::new();
-    let all: [(
-        Format,
-        fn(&Connection, &mut Vec<String>) -> rusqlite::Result<()>,
-        &str,
-    ); 5] = [
+    let all: [(Format, Step, &str); 5] = [
         (Format::V00, step_v01, "0.1"),
         (Format::V02, step_v02, "0.2"),
         (Format::V03, step_v03, "0.3"),
@@ -714,12 +713,13 @@ fn rebuild(
         )
         .ctx("sqlite_sequence")?;
     }
-    let mut report = CopyReport::default();
-    report.inodes = tx
-        .query_row("SELECT count(*) FROM main.fs_inode", [], |r| {
-            r.get::<_, i64>(0)
-        })
-        .ctx("count")? as u64;
+    let inodes: i64 = tx
+        .query_row("SELECT count(*) FROM main.fs_inode", [], |r| r.get(0))
+        .ctx("count")?;
+    let mut report = CopyReport {
+        inodes: u64::try_from(inodes).unwrap_or(0),
+        ..CopyReport::default()
+    };
     let files: Vec<(i64, u64, i64, bool)> = {
         let mut st = tx
             .prepare(
