@@ -72,6 +72,17 @@ fn sql_rules() -> Vec<SqlRule> {
                     AND NOT EXISTS (SELECT 1 FROM fs_dentry d WHERE d.ino = i.ino)",
         },
         SqlRule {
+            rule: "dir_stats",
+            sql: "SELECT 'directory ' || i.ino || ' records ' || coalesce(s.subdirs, 0) ||
+                         ' subdirectories but has ' || n.real FROM fs_inode i
+                  LEFT JOIN fs_dir_stats s ON s.ino = i.ino
+                  JOIN (SELECT p.ino AS ino,
+                          (SELECT count(*) FROM fs_dentry d JOIN fs_inode c ON c.ino = d.ino
+                            WHERE d.parent_ino = p.ino AND (c.mode & 61440) = 16384) AS real
+                        FROM fs_inode p WHERE (p.mode & 61440) = 16384) n ON n.ino = i.ino
+                  WHERE coalesce(s.subdirs, 0) != n.real",
+        },
+        SqlRule {
             rule: "dir_links",
             sql: "SELECT 'directory ' || i.ino || ' has ' || count(*) || ' names' FROM fs_inode i
                   JOIN fs_dentry d ON d.ino = i.ino WHERE (i.mode & 61440) = 16384
@@ -201,7 +212,7 @@ const TABLE_RULES: &[(&str, &str, &str)] = &[
     ),
 ];
 
-fn has_table(c: &Connection, name: &str) -> Result<bool, Errno> {
+pub fn has_table(c: &Connection, name: &str) -> Result<bool, Errno> {
     Ok(c.query_row(
         "SELECT EXISTS(SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
         [name],
@@ -232,6 +243,9 @@ pub fn check(c: &Connection, cfg: &FsConfig) -> Result<Vec<Finding>, Errno> {
     check_sqlite(c, &mut out)?;
     for r in sql_rules() {
         if r.rule == "xattr_inode" && !super::schema::has_xattr_table(c)? {
+            continue;
+        }
+        if r.rule == "dir_stats" && !has_table(c, "fs_dir_stats")? {
             continue;
         }
         let mut st = c.prepare(r.sql)?;

@@ -33,6 +33,7 @@ pub fn repair_for(rule: &str) -> Option<&'static str> {
         "origin_inode" => "drop the row",
         "chunk_override" => "drop the row",
         "whiteout_parent" => "recompute parent_path",
+        "dir_stats" => "recount subdirectories",
         _ => return None,
     })
 }
@@ -119,6 +120,9 @@ impl Store {
             )?;
             if n > 0 {
                 done.push(format!("recounted nlink of {n} inodes"));
+            }
+            if super::check::has_table(c, "fs_dir_stats")? {
+                c.execute_batch(super::schema::DIR_STATS_REBUILD)?;
             }
             let orphans: Vec<i64> = {
                 let mut st = c.prepare(
