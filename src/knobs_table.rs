@@ -27,4 +27,6 @@ knob_table! {
         "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug).";
     require_fuse: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_FUSE",
         "Tests: a missing /dev/fuse is a failure instead of a skip (CI sets 1).";
+    bench_quick: Bool = false, [0, 1], Policy, "AGENTFS_BENCH_QUICK",
+        "Benchmarks: `cargo bench --bench workloads` runs its quick subset (smaller files and trees, under 2 minutes).";
 }
