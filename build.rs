@@ -54,7 +54,11 @@ fn render() -> String {
             "Str" => "string",
             _ => "integer",
         };
-        let kind = if r.kind == "KillSwitch" { "kill switch" } else { "policy" };
+        let kind = if r.kind == "KillSwitch" {
+            "kill switch"
+        } else {
+            "policy"
+        };
         let default = match r.default {
             "true" => "1",
             "false" => "0",

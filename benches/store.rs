@@ -10,7 +10,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use agentfs::store::{Caller, Ino, InitOptions, NoReferences, RenameFlags, Store};
+use agentfs::store::{Caller, InitOptions, Ino, NoReferences, RenameFlags, Store};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
 const CALLER: Caller = Caller { uid: 0, gid: 0 };
@@ -47,7 +47,8 @@ fn namespace(c: &mut Criterion) {
                 .expect("create")
         })
     });
-    s.mknod(Ino::ROOT, b"target", REG, 0, CALLER).expect("target");
+    s.mknod(Ino::ROOT, b"target", REG, 0, CALLER)
+        .expect("target");
     g.bench_function("lookup", |b| {
         b.iter(|| s.lookup(Ino::ROOT, black_box(b"target")).expect("lookup"))
     });
@@ -90,7 +91,10 @@ fn namespace(c: &mut Criterion) {
                     .expect("create");
                 name
             },
-            |name| s.unlink(Ino::ROOT, name.as_bytes(), &NoReferences).expect("unlink"),
+            |name| {
+                s.unlink(Ino::ROOT, name.as_bytes(), &NoReferences)
+                    .expect("unlink")
+            },
             BatchSize::SmallInput,
         )
     });
@@ -116,7 +120,10 @@ fn readdir(c: &mut Criterion) {
     }
     g.throughput(Throughput::Elements(DIR_ENTRIES as u64));
     // The kernel asks in pages; 128 entries is roughly one 4 KiB READDIR reply.
-    for (label, batch) in [("10000/batch128", 128usize), ("10000/batch10000", DIR_ENTRIES + 2)] {
+    for (label, batch) in [
+        ("10000/batch128", 128usize),
+        ("10000/batch10000", DIR_ENTRIES + 2),
+    ] {
         g.bench_function(label, |b| {
             b.iter(|| {
                 let mut off = 0u64;
@@ -148,7 +155,10 @@ fn data(c: &mut Criterion) {
     let mut g = c.benchmark_group("store/data");
     for size in [4096usize, 65536, 1 << 20] {
         let (_d, s) = fresh();
-        let ino = s.mknod(Ino::ROOT, b"f", REG, 0, CALLER).expect("create").ino;
+        let ino = s
+            .mknod(Ino::ROOT, b"f", REG, 0, CALLER)
+            .expect("create")
+            .ino;
         let buf = vec![7u8; size];
         g.throughput(Throughput::Bytes(size as u64));
         // Sequential writes wrapping within 64 MiB (overwrites after the first lap).

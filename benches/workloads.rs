@@ -118,7 +118,7 @@ fn fstype_of(mnt: &Path) -> Option<String> {
         .lines()
         .filter(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
         .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
-        .last()
+        .next_back()
 }
 
 fn run(cmd: &mut Command) -> Result<(), String> {
@@ -366,10 +366,7 @@ impl Target {
     /// Make every cache cold before a read workload.
     fn cold(&mut self) -> Result<(), String> {
         drop_caches();
-        if let Backend::AgentFs {
-            mount: Some(m), ..
-        } = &mut self.backend
-        {
+        if let Backend::AgentFs { mount: Some(m), .. } = &mut self.backend {
             m.remount()?;
         }
         Ok(())
@@ -400,19 +397,71 @@ struct Workload {
 }
 
 const WORKLOADS: &[Workload] = &[
-    Workload { key: "seq_write", unit: "MiB/s", what: "sequential write, 1 MiB blocks, + fsync" },
-    Workload { key: "seq_read_cold", unit: "MiB/s", what: "sequential read, 1 MiB blocks, caches dropped" },
-    Workload { key: "rand_write_4k", unit: "writes/s", what: "4 KiB random pwrite over the file, + fsync" },
-    Workload { key: "create", unit: "files/s", what: "create empty files in one directory" },
-    Workload { key: "stat", unit: "files/s", what: "stat each of them" },
-    Workload { key: "readdir", unit: "entries/s", what: "list the directory (3 passes)" },
-    Workload { key: "unlink", unit: "files/s", what: "unlink each of them" },
-    Workload { key: "small_write", unit: "files/s", what: "write small files of 1-16 KiB" },
-    Workload { key: "small_read", unit: "files/s", what: "read them back, caches dropped" },
-    Workload { key: "tree_copy", unit: "files/s", what: "cp -r of the source tree" },
-    Workload { key: "git_add_commit", unit: "files/s", what: "git init && git add -A && git commit" },
-    Workload { key: "git_status", unit: "files/s", what: "git status" },
-    Workload { key: "find_stat", unit: "files/s", what: "find . | xargs stat" },
+    Workload {
+        key: "seq_write",
+        unit: "MiB/s",
+        what: "sequential write, 1 MiB blocks, + fsync",
+    },
+    Workload {
+        key: "seq_read_cold",
+        unit: "MiB/s",
+        what: "sequential read, 1 MiB blocks, caches dropped",
+    },
+    Workload {
+        key: "rand_write_4k",
+        unit: "writes/s",
+        what: "4 KiB random pwrite over the file, + fsync",
+    },
+    Workload {
+        key: "create",
+        unit: "files/s",
+        what: "create empty files in one directory",
+    },
+    Workload {
+        key: "stat",
+        unit: "files/s",
+        what: "stat each of them",
+    },
+    Workload {
+        key: "readdir",
+        unit: "entries/s",
+        what: "list the directory (3 passes)",
+    },
+    Workload {
+        key: "unlink",
+        unit: "files/s",
+        what: "unlink each of them",
+    },
+    Workload {
+        key: "small_write",
+        unit: "files/s",
+        what: "write small files of 1-16 KiB",
+    },
+    Workload {
+        key: "small_read",
+        unit: "files/s",
+        what: "read them back, caches dropped",
+    },
+    Workload {
+        key: "tree_copy",
+        unit: "files/s",
+        what: "cp -r of the source tree",
+    },
+    Workload {
+        key: "git_add_commit",
+        unit: "files/s",
+        what: "git init && git add -A && git commit",
+    },
+    Workload {
+        key: "git_status",
+        unit: "files/s",
+        what: "git status",
+    },
+    Workload {
+        key: "find_stat",
+        unit: "files/s",
+        what: "find . | xargs stat",
+    },
 ];
 
 /// One measurement: workload key, value (higher is better), seconds taken.
@@ -456,7 +505,11 @@ fn seq_and_rand(t: &mut Target, plan: &Plan, out: &mut Vec<Sample>) -> Result<()
         Ok(total)
     })?;
     if n != plan.seq_mib * MIB {
-        return Err(format!("{}: read {n} bytes back, wrote {}", t.name, plan.seq_mib * MIB));
+        return Err(format!(
+            "{}: read {n} bytes back, wrote {}",
+            t.name,
+            plan.seq_mib * MIB
+        ));
     }
     out.push(("seq_read_cold", plan.seq_mib as f64 / secs, secs));
     io(fs::remove_file(&path), &path)?;
@@ -561,7 +614,11 @@ fn small_files(t: &mut Target, plan: &Plan, out: &mut Vec<Sample>) -> Result<(),
             buf.clear();
             io(io(File::open(p), p)?.read_to_end(&mut buf), p)?;
             if buf.len() != *size {
-                return Err(format!("{}: {} bytes, wrote {size}", p.display(), buf.len()));
+                return Err(format!(
+                    "{}: {} bytes, wrote {size}",
+                    p.display(),
+                    buf.len()
+                ));
             }
         }
         Ok(())
@@ -608,7 +665,9 @@ fn find_tree(budget: usize) -> Result<Tree, String> {
         v.sort();
         (format!("Rust std sources ({})", std_src.display()), v)
     } else {
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default();
         let reg = home.join(".cargo/registry/src");
         let mut v = Vec::new();
         for index in io(fs::read_dir(&reg), &reg)?.flatten() {
@@ -660,12 +719,7 @@ fn source_tree(t: &mut Target, tree: &Tree, out: &mut Vec<Sample>) -> Result<(),
     let dir = t.root().join("tree");
     io(fs::create_dir(&dir), &dir)?;
     let n = tree.files as f64;
-    let (_, secs) = timed(|| {
-        run(Command::new("cp")
-            .arg("-r")
-            .args(&tree.entries)
-            .arg(&dir))
-    })?;
+    let (_, secs) = timed(|| run(Command::new("cp").arg("-r").args(&tree.entries).arg(&dir)))?;
     out.push(("tree_copy", n / secs, secs));
     let (_, secs) = timed(|| {
         run(git(&dir).arg("init").arg("-q"))?;
@@ -774,19 +828,28 @@ fn table(cols: &[Column], plan: &Plan, tree: &Tree) -> String {
         for c in cols {
             let v = c.get(w.key);
             match (&c.missing, median(v)) {
-                (Some(why), _) => {
-                    let _ = write!(s, " {why} |");
-                }
+                (Some(_), _) => s.push_str(" missing |"),
                 (None, Some(m)) => {
                     let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
                     let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                     let ratio = limit.map_or(String::new(), |l| format!(" ({:.2}×)", m / l));
-                    let _ = write!(s, " {}{ratio} [{}–{}] |", fmt_num(m), fmt_num(lo), fmt_num(hi));
+                    let _ = write!(
+                        s,
+                        " {}{ratio} [{}–{}] |",
+                        fmt_num(m),
+                        fmt_num(lo),
+                        fmt_num(hi)
+                    );
                 }
                 (None, None) => s.push_str(" – |"),
             }
         }
         s.push('\n');
+    }
+    for c in cols {
+        if let Some(why) = &c.missing {
+            let _ = writeln!(s, "\n{}: {why}", c.name);
+        }
     }
     let _ = writeln!(
         s,
@@ -904,9 +967,11 @@ fn machine() -> String {
 
 fn agentfs_binary(root: &Path) -> Result<PathBuf, String> {
     eprintln!("building the release binary (cargo build --release --bin agentfs) ...");
-    run(Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .current_dir(root)
-        .args(["build", "--release", "--bin", "agentfs"]))?;
+    run(
+        Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .current_dir(root)
+            .args(["build", "--release", "--bin", "agentfs"]),
+    )?;
     let bin = root.join("target/release/agentfs");
     if bin.is_file() {
         Ok(bin)
@@ -1053,7 +1118,10 @@ fn main() {
     }
     println!("results: {}", file.display());
     // Remove the scratch space only when nothing is mounted inside it any more.
-    if !["agentfs/mnt", "tmpfs"].iter().any(|m| is_mounted(&work.join(m))) {
+    if !["agentfs/mnt", "tmpfs"]
+        .iter()
+        .any(|m| is_mounted(&work.join(m)))
+    {
         let _ = fs::remove_dir_all(&work);
     }
 }

@@ -37,13 +37,22 @@ impl Errno {
 
     /// The errno of the last failed libc call.
     pub fn last() -> Errno {
-        Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+        Errno(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        )
     }
 }
 
 impl fmt::Debug for Errno {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Errno({}: {})", self.0, std::io::Error::from_raw_os_error(self.0))
+        write!(
+            f,
+            "Errno({}: {})",
+            self.0,
+            std::io::Error::from_raw_os_error(self.0)
+        )
     }
 }
 

@@ -40,7 +40,11 @@ fn init_refuses_existing_file_and_bad_layout() {
 fn not_a_sqlite_file_is_refused_unchanged() {
     let d = scratch();
     let db = d.path().join("junk.sqlite");
-    fs::write(&db, b"this is not a database, just some text that is long enough").unwrap();
+    fs::write(
+        &db,
+        b"this is not a database, just some text that is long enough",
+    )
+    .unwrap();
     let before = digest(&db);
     one_line_error(&agentfs(&["fs", db.to_str().unwrap(), "ls", "/"]), "not");
     one_line_error(&agentfs(&["integrity", db.to_str().unwrap()]), "not");
@@ -63,7 +67,10 @@ fn old_and_unknown_schema_versions_name_migrate() {
         c.execute_batch("PRAGMA user_version = 2").unwrap();
     }
     let before = digest(&db);
-    one_line_error(&agentfs(&["fs", db.to_str().unwrap(), "ls", "/"]), "agentfs migrate");
+    one_line_error(
+        &agentfs(&["fs", db.to_str().unwrap(), "ls", "/"]),
+        "agentfs migrate",
+    );
     assert_eq!(digest(&db), before);
     {
         let c = rusqlite::Connection::open(&db).unwrap();
@@ -119,11 +126,19 @@ fn background_mount_creates_the_db_and_umount_waits_for_the_server() {
     let mnt = d.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
     let out = agentfs(&["mount", db.to_str().unwrap(), mnt.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(common::is_mounted(&mnt), "live when mount returns");
     fs::write(mnt.join("hello"), b"world").unwrap();
     let out = agentfs(&["umount", mnt.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!common::is_mounted(&mnt));
     assert!(agentfs::sys::lock::holder_pid(&db).is_none(), "server gone");
     let out = agentfs(&["fs", db.to_str().unwrap(), "cat", "/hello"]);
@@ -131,7 +146,9 @@ fn background_mount_creates_the_db_and_umount_waits_for_the_server() {
     common::assert_consistent(&db);
     // A second umount is an error; --force on a clean mount point is a no-op.
     assert!(!agentfs(&["umount", mnt.to_str().unwrap()]).status.success());
-    assert!(agentfs(&["umount", "--force", mnt.to_str().unwrap()]).status.success());
+    assert!(agentfs(&["umount", "--force", mnt.to_str().unwrap()])
+        .status
+        .success());
 }
 
 #[test]

@@ -43,7 +43,8 @@ fn apply(root: &Path, op: u64, r: &mut Rng) -> (String, Result<(), i32>) {
     match op {
         0 => {
             let n = pick(r, &NAMES);
-            let len = [0u64, 1, 4095, 4096, 4097, 65535, 65536, 65537, 200_000][r.below(9) as usize];
+            let len =
+                [0u64, 1, 4095, 4096, 4097, 65535, 65536, 65537, 200_000][r.below(9) as usize];
             let seed = r.below(256) as u8;
             let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_add(seed)).collect();
             (format!("write {n} {len}"), errno(fs::write(p(n), data)))
@@ -52,13 +53,19 @@ fn apply(root: &Path, op: u64, r: &mut Rng) -> (String, Result<(), i32>) {
             let n = pick(r, &NAMES);
             let off = r.below(300_000);
             let len = r.below(70_000) as usize;
-            let res = fs::OpenOptions::new().write(true).open(p(n)).and_then(|f| f.write_all_at(&vec![0xab; len], off));
+            let res = fs::OpenOptions::new()
+                .write(true)
+                .open(p(n))
+                .and_then(|f| f.write_all_at(&vec![0xab; len], off));
             (format!("pwrite {n} {off} {len}"), errno(res))
         }
         2 => {
             let n = pick(r, &NAMES);
             let size = r.below(140_000);
-            let res = fs::OpenOptions::new().write(true).open(p(n)).and_then(|f| f.set_len(size));
+            let res = fs::OpenOptions::new()
+                .write(true)
+                .open(p(n))
+                .and_then(|f| f.set_len(size));
             (format!("truncate {n} {size}"), errno(res))
         }
         3 => {
@@ -83,7 +90,10 @@ fn apply(root: &Path, op: u64, r: &mut Rng) -> (String, Result<(), i32>) {
         }
         8 => {
             let (a, b) = (pick(r, &NAMES), pick(r, &NAMES));
-            (format!("symlink {a} {b}"), errno(std::os::unix::fs::symlink(a, p(b))))
+            (
+                format!("symlink {a} {b}"),
+                errno(std::os::unix::fs::symlink(a, p(b))),
+            )
         }
         9 => {
             let (a, b) = (pick(r, &DIRS), pick(r, &DIRS));
@@ -91,10 +101,13 @@ fn apply(root: &Path, op: u64, r: &mut Rng) -> (String, Result<(), i32>) {
         }
         _ => {
             let n = pick(r, &NAMES);
-            let res = fs::OpenOptions::new().append(true).open(p(n)).and_then(|mut f| {
-                f.seek(SeekFrom::End(0))?;
-                f.write_all(b"appended")
-            });
+            let res = fs::OpenOptions::new()
+                .append(true)
+                .open(p(n))
+                .and_then(|mut f| {
+                    f.seek(SeekFrom::End(0))?;
+                    f.write_all(b"appended")
+                });
             (format!("append {n}"), errno(res))
         }
     }
@@ -122,7 +135,10 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, Node> {
                 stack.push(path.clone());
                 Node::Dir
             } else {
-                Node::File { data: fs::read(&path).unwrap(), nlink: meta.nlink() }
+                Node::File {
+                    data: fs::read(&path).unwrap(),
+                    nlink: meta.nlink(),
+                }
             };
             out.insert(rel, node);
         }
@@ -157,6 +173,10 @@ fn random_operations_match_the_native_filesystem() {
     m.mount();
     for seed in 1..=4u64 {
         let sub = format!("run{seed}");
-        assert_eq!(snapshot(&m.path(&sub)), snapshot(&native.path().join(&sub)), "after remount");
+        assert_eq!(
+            snapshot(&m.path(&sub)),
+            snapshot(&native.path().join(&sub)),
+            "after remount"
+        );
     }
 }

@@ -26,14 +26,25 @@ fn every_fsync_reaches_a_real_fdatasync() {
         return;
     }
     if Command::new("strace").arg("-V").output().is_err() {
-        assert!(!agentfs::knobs::get().require_fuse, "strace is required (validation/install-deps.sh)");
+        assert!(
+            !agentfs::knobs::get().require_fuse,
+            "strace is required (validation/install-deps.sh)"
+        );
         eprintln!("SKIP: strace not installed");
         return;
     }
     let log_dir = tempfile::tempdir_in(common::scratch_root()).unwrap();
     let log = log_dir.path().join("strace.log");
     let log_s = log.to_str().unwrap().to_string();
-    let mut m = Mounted::wrapped(&["strace", "-f", "-qq", "-e", "trace=fdatasync,fsync", "-o", &log_s]);
+    let mut m = Mounted::wrapped(&[
+        "strace",
+        "-f",
+        "-qq",
+        "-e",
+        "trace=fdatasync,fsync",
+        "-o",
+        &log_s,
+    ]);
     let mut f = fs::File::create(m.path("f")).unwrap();
     // Let start-up settle, then count only what the fsyncs cause.
     f.write_all(b"warm").unwrap();
@@ -77,7 +88,14 @@ impl SmallDisk {
     fn new(size: &str) -> Self {
         let dir = tempfile::tempdir_in(common::scratch_root()).unwrap();
         let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "agentfs-test", dir.path().to_str().unwrap()])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "agentfs-test",
+                dir.path().to_str().unwrap(),
+            ])
             .status()
             .unwrap()
             .success();
@@ -88,7 +106,10 @@ impl SmallDisk {
 
 impl Drop for SmallDisk {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }
 
@@ -132,14 +153,21 @@ fn a_full_disk_is_enospc_and_the_database_stays_consistent() {
     assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "got {e}");
     // The server keeps serving: listing and reading what was synced work, and the failed
     // operation left nothing half-done.
-    let names: Vec<_> = fs::read_dir(mnt).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = fs::read_dir(mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert!(!names.is_empty());
     assert_eq!(fs::read(mnt.join("fill0")).unwrap().len(), 4 * block.len());
     for i in 0..100 {
         let _ = fs::remove_file(mnt.join(format!("fill{i}")));
     }
     let out = common::agentfs(&["umount", mnt.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(common::wait_timeout(&mut server, std::time::Duration::from_secs(30)).is_some());
     common::force_cleanup(mnt);
     assert_consistent(&db);

@@ -54,7 +54,11 @@ fn every_agentfs_name_in_the_source_is_a_declared_knob() {
     for f in &files {
         let text = std::fs::read_to_string(f).unwrap();
         for name in names_in(&text) {
-            if name != "AGENTFS" && !declared.contains(&name.as_str()) && !f.ends_with("knobs.rs") && !f.ends_with("knobs_table.rs") {
+            if name != "AGENTFS"
+                && !declared.contains(&name.as_str())
+                && !f.ends_with("knobs.rs")
+                && !f.ends_with("knobs_table.rs")
+            {
                 undeclared.push(format!("{}: {name}", f.display()));
             }
         }
@@ -73,13 +77,22 @@ fn only_the_knob_module_reads_agentfs_variables() {
         }
         let text = std::fs::read_to_string(f).unwrap();
         for (i, line) in text.lines().enumerate() {
-            let reads_env = line.contains("env::var(\"AGENTFS_") || line.contains("var_os(\"AGENTFS_");
-            assert!(!reads_env, "{}:{} reads a knob directly", f.display(), i + 1);
+            let reads_env =
+                line.contains("env::var(\"AGENTFS_") || line.contains("var_os(\"AGENTFS_");
+            assert!(
+                !reads_env,
+                "{}:{} reads a knob directly",
+                f.display(),
+                i + 1
+            );
         }
     }
 }
 
 #[test]
 fn the_scanner_finds_names() {
-    assert_eq!(names_in("x AGENTFS_FOO_BAR=1 y AGENTFS_Z"), vec!["AGENTFS_FOO_BAR", "AGENTFS_Z"]);
+    assert_eq!(
+        names_in("x AGENTFS_FOO_BAR=1 y AGENTFS_Z"),
+        vec!["AGENTFS_FOO_BAR", "AGENTFS_Z"]
+    );
 }

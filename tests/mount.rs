@@ -9,7 +9,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use common::{assert_consistent, fuse_or_skip, Mounted};
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 #[test]
@@ -34,7 +36,10 @@ fn files_survive_unmount_and_remount() {
         assert_eq!(got.len(), n, "size of f{n}");
         assert!(got == pattern(n, i as u8), "content of f{n}");
     }
-    assert_eq!(fs::read_link(m.path("a/link")).unwrap().to_str(), Some("b/f4096"));
+    assert_eq!(
+        fs::read_link(m.path("a/link")).unwrap().to_str(),
+        Some("b/f4096")
+    );
     assert_eq!(fs::read(m.path("a/link")).unwrap().len(), 4096);
     let meta = fs::metadata(m.path("a/c-hard")).unwrap();
     assert_eq!(meta.nlink(), 2);
@@ -98,7 +103,13 @@ fn rename_flags_reach_the_filesystem() {
         let (a, b) = (c(a), c(b));
         // SAFETY: valid C strings; AT_FDCWD.
         let rc = unsafe {
-            libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags)
+            libc::renameat2(
+                libc::AT_FDCWD,
+                a.as_ptr(),
+                libc::AT_FDCWD,
+                b.as_ptr(),
+                flags,
+            )
         };
         if rc == 0 {
             0
@@ -106,16 +117,32 @@ fn rename_flags_reach_the_filesystem() {
             std::io::Error::last_os_error().raw_os_error().unwrap()
         }
     };
-    assert_eq!(renameat2(&m.path("x"), &m.path("d"), libc::RENAME_NOREPLACE), libc::EEXIST);
-    assert_eq!(renameat2(&m.path("x"), &m.path("d"), libc::RENAME_EXCHANGE), 0);
+    assert_eq!(
+        renameat2(&m.path("x"), &m.path("d"), libc::RENAME_NOREPLACE),
+        libc::EEXIST
+    );
+    assert_eq!(
+        renameat2(&m.path("x"), &m.path("d"), libc::RENAME_EXCHANGE),
+        0
+    );
     assert!(m.path("x").is_dir());
     assert_eq!(fs::read(m.path("d")).unwrap(), b"x");
-    assert_eq!(renameat2(&m.path("x"), &m.path("nope"), libc::RENAME_EXCHANGE), libc::ENOENT);
     assert_eq!(
-        renameat2(&m.path("x"), &m.path("d"), libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE),
+        renameat2(&m.path("x"), &m.path("nope"), libc::RENAME_EXCHANGE),
+        libc::ENOENT
+    );
+    assert_eq!(
+        renameat2(
+            &m.path("x"),
+            &m.path("d"),
+            libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE
+        ),
         libc::EINVAL
     );
-    assert_eq!(renameat2(&m.path("d"), &m.path("e"), libc::RENAME_NOREPLACE), 0);
+    assert_eq!(
+        renameat2(&m.path("d"), &m.path("e"), libc::RENAME_NOREPLACE),
+        0
+    );
     assert_eq!(fs::read(m.path("e")).unwrap(), b"x");
 }
 
@@ -146,8 +173,14 @@ fn source_and_type_in_the_mount_table() {
     assert_eq!(entry.fstype, "fuse.agentfs");
     let status = common::agentfs(&["status"]);
     let text = String::from_utf8_lossy(&status.stdout);
-    assert!(text.contains(&m.server_pid().to_string()), "status lists the server: {text}");
-    assert!(text.contains(canon.to_str().unwrap()), "status lists the mount: {text}");
+    assert!(
+        text.contains(&m.server_pid().to_string()),
+        "status lists the server: {text}"
+    );
+    assert!(
+        text.contains(canon.to_str().unwrap()),
+        "status lists the mount: {text}"
+    );
 }
 
 #[test]

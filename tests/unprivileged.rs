@@ -52,9 +52,11 @@ fn as_user(program: &str, args: &[&str]) -> Output {
 }
 
 fn readable_by_all(p: &Path) -> bool {
-    p.ancestors()
-        .skip(1)
-        .all(|a| fs::metadata(a).map(|m| m.permissions().mode() & 0o001 != 0).unwrap_or(false))
+    p.ancestors().skip(1).all(|a| {
+        fs::metadata(a)
+            .map(|m| m.permissions().mode() & 0o001 != 0)
+            .unwrap_or(false)
+    })
 }
 
 #[test]
@@ -63,14 +65,20 @@ fn an_ordinary_user_mounts_through_fusermount3() {
         return;
     }
     if Command::new("fusermount3").arg("-V").output().is_err() {
-        assert!(!agentfs::knobs::get().require_fuse, "fusermount3 is required (validation/install-deps.sh)");
+        assert!(
+            !agentfs::knobs::get().require_fuse,
+            "fusermount3 is required (validation/install-deps.sh)"
+        );
         eprintln!("SKIP: fusermount3 not installed");
         return;
     }
     let bin = common::bin();
     if !readable_by_all(&bin) {
         eprintln!("SKIP: {} is not reachable by other users", bin.display());
-        assert!(!agentfs::knobs::get().require_fuse, "the build tree must be world-readable");
+        assert!(
+            !agentfs::knobs::get().require_fuse,
+            "the build tree must be world-readable"
+        );
         return;
     }
     let _mode = DevFuseMode::open_up();
@@ -85,16 +93,30 @@ fn an_ordinary_user_mounts_through_fusermount3() {
     let (db_s, mnt_s) = (db.to_str().unwrap(), mnt.to_str().unwrap());
 
     let out = as_user(bin_s, &["mount", db_s, mnt_s]);
-    assert!(out.status.success(), "user mount: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "user mount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let _cleanup = UnmountOnDrop(mnt.clone());
     assert!(common::is_mounted(&mnt));
-    let script = format!("echo hello > {mnt_s}/f && mkdir {mnt_s}/d && cat {mnt_s}/f && stat -c %u:%g {mnt_s}/f");
+    let script = format!(
+        "echo hello > {mnt_s}/f && mkdir {mnt_s}/d && cat {mnt_s}/f && stat -c %u:%g {mnt_s}/f"
+    );
     let out = as_user("sh", &["-c", &script]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "use as user: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "use as user: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(text, format!("hello\n{USER}:{USER}\n"));
     let out = as_user(bin_s, &["umount", mnt_s]);
-    assert!(out.status.success(), "user umount: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "user umount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!common::is_mounted(&mnt));
     // Nothing left running: the database lock is free.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -72,7 +72,11 @@ pub fn run(a: Args) -> super::CliResult {
                     offset = e.offset;
                     if e.name != b"." && e.name != b".." {
                         let _ = out.write_all(&e.name);
-                        let _ = out.write_all(if e.kind == libc::S_IFDIR { b"/\n" } else { b"\n" });
+                        let _ = out.write_all(if e.kind == libc::S_IFDIR {
+                            b"/\n"
+                        } else {
+                            b"\n"
+                        });
                     }
                 }
             }
@@ -97,7 +101,9 @@ pub fn run(a: Args) -> super::CliResult {
         }
         Op::Write { path } => {
             let mut data = Vec::new();
-            std::io::stdin().read_to_end(&mut data).map_err(|e| e.to_string())?;
+            std::io::stdin()
+                .read_to_end(&mut data)
+                .map_err(|e| e.to_string())?;
             let ino = match store.resolve(path.as_bytes()) {
                 Ok(ino) => ino,
                 Err(e) if e == Errno::ENOENT => {
@@ -125,7 +131,9 @@ pub fn run(a: Args) -> super::CliResult {
         Op::Mkdir { path } => {
             let (parent, name) = split_parent(path)?;
             let p = store.resolve(parent.as_bytes()).map_err(err(parent))?;
-            store.mkdir(p, name.as_bytes(), 0o755, caller()).map_err(err(path))?;
+            store
+                .mkdir(p, name.as_bytes(), 0o755, caller())
+                .map_err(err(path))?;
             store.sync().map_err(err(path))?;
         }
         Op::Rm { path } => {
@@ -133,9 +141,13 @@ pub fn run(a: Args) -> super::CliResult {
             let p = store.resolve(parent.as_bytes()).map_err(err(parent))?;
             let target = store.lookup(p, name.as_bytes()).map_err(err(path))?;
             if target.mode & libc::S_IFMT == libc::S_IFDIR {
-                store.rmdir(p, name.as_bytes(), &NoReferences).map_err(err(path))?;
+                store
+                    .rmdir(p, name.as_bytes(), &NoReferences)
+                    .map_err(err(path))?;
             } else {
-                store.unlink(p, name.as_bytes(), &NoReferences).map_err(err(path))?;
+                store
+                    .unlink(p, name.as_bytes(), &NoReferences)
+                    .map_err(err(path))?;
             }
             store.sync().map_err(err(path))?;
         }

@@ -56,14 +56,20 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
     check_mount_point(&a.mount_point).map_err(|e| e.to_string())?;
     if !a.db.exists() {
         if options.readonly {
-            return Err(format!("{}: no such database (cannot create it read-only)", a.db.display()));
+            return Err(format!(
+                "{}: no such database (cannot create it read-only)",
+                a.db.display()
+            ));
         }
         Store::create(&a.db, &InitOptions::default()).map_err(|e| e.to_string())?;
     } else {
         drop(Store::open(&a.db, true).map_err(|e| e.to_string())?);
     }
     if let Some(pid) = crate::sys::lock::holder_pid(&a.db) {
-        return Err(format!("{} is already mounted by agentfs server pid {pid}", a.db.display()));
+        return Err(format!(
+            "{} is already mounted by agentfs server pid {pid}",
+            a.db.display()
+        ));
     }
     let cfg = SessionConfig {
         db: a.db.clone(),
@@ -81,7 +87,10 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
 fn launch_background(a: &Args) -> super::CliResult {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let mut cmd = Command::new(exe);
-    cmd.arg("mount").arg(&a.db).arg(&a.mount_point).arg("--daemon-child");
+    cmd.arg("mount")
+        .arg(&a.db)
+        .arg(&a.mount_point)
+        .arg("--daemon-child");
     if !a.options.is_empty() {
         cmd.arg("-o").arg(a.options.join(","));
     }

@@ -28,7 +28,12 @@ pub fn run(_: Args) -> super::CliResult {
         .iter()
         .filter(|m| !servers.iter().any(|s| s.mount_point == m.mount_point))
     {
-        println!("{:<8} {:<10} {:<30} ? (no live server: agentfs umount --force)", "-", "-", m.mount_point.display());
+        println!(
+            "{:<8} {:<10} {:<30} ? (no live server: agentfs umount --force)",
+            "-",
+            "-",
+            m.mount_point.display()
+        );
     }
     Ok(0)
 }

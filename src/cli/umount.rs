@@ -26,7 +26,11 @@ pub fn run(a: Args) -> super::CliResult {
         (None, true) => return Ok(0),
         (None, false) => return Err(format!("{} is not mounted", mnt.display())),
         (Some(e), _) if !e.fstype.starts_with("fuse") => {
-            return Err(format!("{} is not a FUSE mount ({})", mnt.display(), e.fstype))
+            return Err(format!(
+                "{} is not a FUSE mount ({})",
+                mnt.display(),
+                e.fstype
+            ))
         }
         _ => {}
     }
@@ -64,6 +68,9 @@ pub fn run(a: Args) -> super::CliResult {
 fn is_zombie(proc_dir: &std::path::Path) -> bool {
     std::fs::read_to_string(proc_dir.join("stat"))
         .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')))
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('Z'))
+        })
         .unwrap_or(false)
 }

@@ -25,7 +25,6 @@ pub struct Negotiated {
     pub flags: u64,
 }
 
-
 /// Cache lifetimes the kernel is told.
 #[derive(Clone, Copy, Debug)]
 struct Ttls {
@@ -83,7 +82,13 @@ impl Dispatcher {
     }
 
     /// Answer INIT: take the intersection of what the kernel offers and what we want.
-    pub fn init(&self, major: u32, minor: u32, max_readahead: u32, offered: u64) -> (Reply, Option<Negotiated>) {
+    pub fn init(
+        &self,
+        major: u32,
+        minor: u32,
+        max_readahead: u32,
+        offered: u64,
+    ) -> (Reply, Option<Negotiated>) {
         if major != 7 {
             // A newer major: answer with ours so the kernel can retry or give up.
             let out = abi::InitOut {
@@ -123,7 +128,11 @@ impl Dispatcher {
         } else {
             0
         };
-        let max_write = if max_pages == 0 { max_write.min(128 * 1024) } else { max_write };
+        let max_write = if max_pages == 0 {
+            max_write.min(128 * 1024)
+        } else {
+            max_write
+        };
         let out = abi::InitOut {
             major: 7,
             minor: abi::FUSE_KERNEL_MINOR_VERSION.min(minor),
@@ -182,7 +191,9 @@ impl Dispatcher {
             Operation::Symlink { name, target } => name_ok(name)
                 .and_then(|n| self.store.symlink(ino, n, target, caller))
                 .map(|a| self.entry(a)),
-            Operation::Mknod { name, mode, rdev, .. } => name_ok(name)
+            Operation::Mknod {
+                name, mode, rdev, ..
+            } => name_ok(name)
                 .and_then(|n| self.store.mknod(ino, n, *mode, *rdev, caller))
                 .map(|a| self.entry(a)),
             Operation::Mkdir { name, mode, .. } => name_ok(name)
@@ -231,9 +242,7 @@ impl Dispatcher {
             Operation::Listxattr { size } => {
                 self.store.listxattr(ino).and_then(|v| sized(v, *size))
             }
-            Operation::Removexattr { name } => {
-                self.store.removexattr(ino, name).map(|_| empty())
-            }
+            Operation::Removexattr { name } => self.store.removexattr(ino, name).map(|_| empty()),
             Operation::Readdir { offset, size, .. } => self.readdir(ino, *offset, *size),
             Operation::Readdirplus { offset, size, .. } => self.readdirplus(ino, *offset, *size),
             Operation::Fallocate {
@@ -287,7 +296,11 @@ impl Dispatcher {
     /// An entry reply for a new kernel reference.
     fn entry(&self, a: crate::store::Attr) -> Reply {
         self.refs.add(a.ino, 1);
-        Reply::Data(reply::entry(&attr::entry_out(&a, self.ttl.entry, self.ttl.attr)))
+        Reply::Data(reply::entry(&attr::entry_out(
+            &a,
+            self.ttl.entry,
+            self.ttl.attr,
+        )))
     }
 
     fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Reply, Errno> {
@@ -296,7 +309,9 @@ impl Dispatcher {
             Ok(a) => Ok(self.entry(a)),
             Err(e) if e == Errno::ENOENT && !self.ttl.negative.is_zero() => {
                 // A negative entry (node id 0) the kernel may cache.
-                Ok(Reply::Data(reply::entry(&attr::negative_entry(self.ttl.negative))))
+                Ok(Reply::Data(reply::entry(&attr::negative_entry(
+                    self.ttl.negative,
+                ))))
             }
             Err(e) => Err(e),
         }
@@ -334,7 +349,14 @@ impl Dispatcher {
         Ok(Reply::Data(reply::attr(&attr::attr_out(&a, self.ttl.attr))))
     }
 
-    fn rename(&self, parent: Ino, name: &[u8], newparent: Ino, newname: &[u8], flags: u32) -> Result<Reply, Errno> {
+    fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        flags: u32,
+    ) -> Result<Reply, Errno> {
         let name_new = name_ok(newname)?;
         let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
         if flags & !known != 0 {

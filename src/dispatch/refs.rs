@@ -91,7 +91,10 @@ mod tests {
         assert!(!r.forget(ino, 1));
         assert!(r.forget(ino, 1));
         assert_eq!(r.orphan_count(), 0);
-        assert!(!r.retain_orphan(ino), "unreferenced inodes are deleted at once");
+        assert!(
+            !r.retain_orphan(ino),
+            "unreferenced inodes are deleted at once"
+        );
     }
 
     #[test]

@@ -61,7 +61,10 @@ pub fn holder_pid(db: &Path) -> Option<u32> {
             continue;
         }
         let dev_ino = f[5];
-        let lock_ino = dev_ino.rsplit(':').next().and_then(|s| s.parse::<u64>().ok());
+        let lock_ino = dev_ino
+            .rsplit(':')
+            .next()
+            .and_then(|s| s.parse::<u64>().ok());
         if lock_ino == Some(ino) {
             return f[4].parse().ok();
         }

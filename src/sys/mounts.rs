@@ -88,7 +88,10 @@ pub fn abort_connection(entry: &MountEntry) -> std::io::Result<()> {
         )));
     }
     let dir = Path::new(FUSECTL);
-    if std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(true) {
+    if std::fs::read_dir(dir)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(true)
+    {
         // fusectl may not be mounted yet.
         let _ = std::process::Command::new("mount")
             .args(["-t", "fusectl", "none", FUSECTL])

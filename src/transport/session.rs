@@ -124,7 +124,10 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
     if let Some(p) = record {
         let _ = std::fs::remove_file(p);
     }
-    tracing::info!("served {} requests", chan.served.load(std::sync::atomic::Ordering::Relaxed));
+    tracing::info!(
+        "served {} requests",
+        chan.served.load(std::sync::atomic::Ordering::Relaxed)
+    );
     result
 }
 
@@ -171,7 +174,11 @@ fn handshake(chan: &Channel, dispatcher: &Dispatcher) -> Result<Negotiated, Sess
         match negotiated {
             Some(n) => return Ok(n),
             None if major > 7 => continue,
-            None => return Err(SessionError::Handshake(format!("kernel protocol {major}.{minor} unsupported"))),
+            None => {
+                return Err(SessionError::Handshake(format!(
+                    "kernel protocol {major}.{minor} unsupported"
+                )))
+            }
         }
     }
 }

@@ -25,7 +25,11 @@ pub fn fuse_or_skip(test: &str) -> bool {
     if root && dev {
         return true;
     }
-    let why = if !dev { "/dev/fuse is missing" } else { "not running as root" };
+    let why = if !dev {
+        "/dev/fuse is missing"
+    } else {
+        "not running as root"
+    };
     if agentfs::knobs::get().require_fuse {
         panic!("{test}: AGENTFS_REQUIRE_FUSE=1 but {why}");
     }
@@ -69,7 +73,10 @@ impl Mounted {
             db,
             mnt,
             server: None,
-            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             wrapper: Vec::new(),
         };
         m.mount();
@@ -145,7 +152,9 @@ impl Mounted {
 
     /// Clean unmount through the CLI; the server must exit 0 by itself.
     pub fn unmount(&mut self) {
-        let Some(mut child) = self.server.take() else { return };
+        let Some(mut child) = self.server.take() else {
+            return;
+        };
         let out = agentfs(&["umount", self.mnt.to_str().expect("utf8")]);
         assert!(
             out.status.success(),
@@ -171,7 +180,9 @@ impl Mounted {
 
     /// Kill the server with SIGKILL and clean up the dead mount.
     pub fn crash(&mut self) {
-        let Some(mut child) = self.server.take() else { return };
+        let Some(mut child) = self.server.take() else {
+            return;
+        };
         let _ = child.kill();
         let _ = child.wait();
         force_cleanup(&self.mnt);
