@@ -33,8 +33,8 @@ knob_table! {
         "How long a connection waits for a lock held by another process (e.g. an offline `agentfs fs` write).";
     log: Str = "warn", [0, 0], Policy, "AGENTFS_LOG",
         "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug).";
-    bench_quick: Bool = false, [0, 1], Policy, "AGENTFS_BENCH_QUICK",
-        "Benchmarks: run the short subset (about 2 minutes) instead of the full set.";
     require_fuse: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_FUSE",
         "Tests: a missing /dev/fuse is a failure instead of a skip (CI sets 1).";
+    bench_quick: Bool = false, [0, 1], Policy, "AGENTFS_BENCH_QUICK",
+        "Benchmarks: the mount-level benches (workloads, transport) run their quick subset (smaller sizes, under 2 minutes).";
 }
