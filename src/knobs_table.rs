@@ -21,6 +21,12 @@ knob_table! {
         "Answer OPEN and OPENDIR with ENOSYS so the kernel stops sending them (and RELEASE); no state is keyed to open files.";
     fuse_noflush: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOFLUSH",
         "Answer FLUSH with ENOSYS so close(2) costs no request; the kernel still writes dirty pages back before close returns.";
+    fuse_workers: U64 = 4, [0, 64], Policy, "AGENTFS_FUSE_WORKERS",
+        "Worker threads that run requests, sharded by inode; 0 runs each request on the transport thread that read it.";
+    fuse_parallel_dirops: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_PARALLEL_DIROPS",
+        "Let the kernel send lookups and readdirs of one directory concurrently (0 = it serialises them per directory).";
+    fuse_keep_cache: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_KEEP_CACHE",
+        "With classic opens (AGENTFS_FUSE_NOOPEN=0): keep a file's page cache across opens (FOPEN_KEEP_CACHE). Zero-message opens always keep it.";
     fuse_entry_ttl_ms: U64 = 1000, [0, 3600000], Policy, "AGENTFS_FUSE_ENTRY_TTL_MS",
         "How long the kernel may cache a name lookup (positive entries), in milliseconds.";
     fuse_attr_ttl_ms: U64 = 1000, [0, 3600000], Policy, "AGENTFS_FUSE_ATTR_TTL_MS",

@@ -5,6 +5,7 @@
 
 mod attr;
 mod refs;
+pub mod shards;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -126,6 +127,9 @@ impl Dispatcher {
         if ring {
             want |= abi::FUSE_OVER_IO_URING;
         }
+        if !k.fuse_parallel_dirops {
+            want &= !abi::FUSE_PARALLEL_DIROPS;
+        }
         let flags = offered & want;
         let max_write = k.fuse_max_write as u32;
         let max_pages = if flags & abi::FUSE_MAX_PAGES != 0 {
@@ -224,9 +228,8 @@ impl Dispatcher {
             Operation::Open { .. } | Operation::Opendir { .. } if self.knobs.fuse_noopen => {
                 Err(Errno::ENOSYS)
             }
-            Operation::Open { .. } | Operation::Opendir { .. } => {
-                Ok(Reply::Data(reply::open(&abi::OpenOut::default())))
-            }
+            Operation::Open { .. } => Ok(Reply::Data(reply::open(&self.open_out()))),
+            Operation::Opendir { .. } => Ok(Reply::Data(reply::open(&abi::OpenOut::default()))),
             Operation::Flush { .. } if self.knobs.fuse_noflush => Err(Errno::ENOSYS),
             Operation::Create { name, mode, .. } => self.create(ino, name, *mode, caller),
             Operation::Read { offset, size, .. } => {
@@ -300,6 +303,19 @@ impl Dispatcher {
         result.unwrap_or_else(Reply::Error)
     }
 
+    /// The reply to OPEN and CREATE: no handle state (fh 0), page cache kept across opens
+    /// unless the knob says otherwise.
+    fn open_out(&self) -> abi::OpenOut {
+        abi::OpenOut {
+            open_flags: if self.knobs.fuse_keep_cache {
+                abi::FOPEN_KEEP_CACHE
+            } else {
+                0
+            },
+            ..Default::default()
+        }
+    }
+
     fn forget(&self, ino: Ino, n: u64) {
         if self.refs.forget(ino, n) {
             if let Err(e) = self.store.reap(ino) {
@@ -338,7 +354,7 @@ impl Dispatcher {
         let a = self.store.mknod(parent, name, mode, 0, caller)?;
         self.refs.add(a.ino, 1);
         let entry = attr::entry_out(&a, self.ttl.entry, self.ttl.attr);
-        Ok(Reply::Data(reply::create(&entry, &abi::OpenOut::default())))
+        Ok(Reply::Data(reply::create(&entry, &self.open_out())))
     }
 
     fn setattr(&self, ino: Ino, s: &abi::SetattrIn) -> Result<Reply, Errno> {

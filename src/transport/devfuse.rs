@@ -5,8 +5,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::dispatch::shards::Shards;
 use crate::dispatch::Dispatcher;
-use crate::protocol::{self, Reply};
+use crate::protocol::{self, Operation, Reply};
 
 /// A FUSE connection: the /dev/fuse file descriptor (opened close-on-exec).
 pub struct Channel {
@@ -92,8 +93,50 @@ impl Channel {
     }
 }
 
-/// Serve requests on `chan` until the connection ends. Runs on each transport thread.
-pub fn serve_loop(chan: &Channel, dispatcher: &Arc<Dispatcher>, buf_size: usize) {
+/// Requests answered on the transport thread itself: they carry no reply (FORGET,
+/// BATCH_FORGET, INTERRUPT) or end the session (INIT, DESTROY).
+fn runs_inline(op: &Operation<'_>) -> bool {
+    matches!(
+        op,
+        Operation::Forget { .. }
+            | Operation::BatchForget { .. }
+            | Operation::Interrupt { .. }
+            | Operation::Init { .. }
+            | Operation::Destroy
+    )
+}
+
+/// Decode, handle and answer one whole request.
+fn answer(chan: &Channel, dispatcher: &Dispatcher, msg: &[u8]) {
+    let (unique, reply) = match protocol::decode(msg) {
+        Ok(req) => (req.header.unique, dispatcher.handle(&req)),
+        Err(e) => match e.unique {
+            Some(u) => {
+                tracing::warn!("malformed request {u}: {}", e.why);
+                (u, Reply::Error(e.errno))
+            }
+            None => {
+                tracing::warn!("unreadable request header ({} bytes): {}", msg.len(), e.why);
+                return;
+            }
+        },
+    };
+    chan.served.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = chan.send(unique, &reply) {
+        if e.raw_os_error() != Some(libc::ENODEV) {
+            tracing::warn!("reply to request {unique} failed: {e}");
+        }
+    }
+}
+
+/// Serve requests on `chan` until the connection ends. Runs on each transport thread: it
+/// reads a request and hands it to the shard of its inode.
+pub fn serve_loop(
+    chan: &Arc<Channel>,
+    shards: &Arc<Shards>,
+    dispatcher: &Dispatcher,
+    buf_size: usize,
+) {
     let mut buf = vec![0u8; buf_size];
     loop {
         let n = match chan.receive(&mut buf) {
@@ -105,25 +148,20 @@ pub fn serve_loop(chan: &Channel, dispatcher: &Arc<Dispatcher>, buf_size: usize)
             }
         };
         let msg = &buf[..n];
-        let (unique, reply) = match protocol::decode(msg) {
-            Ok(req) => (req.header.unique, dispatcher.handle(&req)),
-            Err(e) => match e.unique {
-                Some(u) => {
-                    tracing::warn!("malformed request {u}: {}", e.why);
-                    (u, Reply::Error(e.errno))
-                }
-                None => {
-                    tracing::warn!("unreadable request header ({n} bytes): {}", e.why);
-                    continue;
-                }
-            },
-        };
-        chan.served.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = chan.send(unique, &reply) {
-            if e.raw_os_error() == Some(libc::ENODEV) {
-                return;
+        let key = match protocol::decode(msg) {
+            Ok(req) if runs_inline(&req.op) => {
+                answer(chan, dispatcher, msg);
+                continue;
             }
-            tracing::warn!("reply to request {unique} failed: {e}");
-        }
+            Ok(req) => req.header.nodeid,
+            // Malformed: answer (or drop) right here.
+            Err(_) => {
+                answer(chan, dispatcher, msg);
+                continue;
+            }
+        };
+        let owned = msg.to_vec();
+        let chan = chan.clone();
+        shards.submit(key, Box::new(move |d| answer(&chan, d, &owned)));
     }
 }

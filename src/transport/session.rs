@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::abi;
+use crate::dispatch::shards::Shards;
 use crate::dispatch::{Dispatcher, Negotiated};
 use crate::knobs::Knobs;
 use crate::protocol::{self, Operation};
@@ -79,12 +80,8 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
     };
     let ring_stats = Arc::new(uring::RingStats::default());
     let ring_queues = queues.len();
-    let mut workers = uring::start(
-        queues,
-        chan.raw_fd(),
-        dispatcher.clone(),
-        ring_stats.clone(),
-    );
+    let shards = Shards::start(knobs.fuse_workers as usize, dispatcher.clone());
+    let mut workers = uring::start(queues, chan.raw_fd(), shards.clone(), ring_stats.clone());
     tracing::info!(
         "mounted {} on {} (protocol 7.{}, max_write {}, transport {})",
         db.display(),
@@ -116,9 +113,10 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
     for i in 0..threads {
         let chan = chan.clone();
         let d = dispatcher.clone();
+        let sh = shards.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("fuse-{i}"))
-            .spawn(move || devfuse::serve_loop(&chan, &d, buf_size));
+            .spawn(move || devfuse::serve_loop(&chan, &sh, &d, buf_size));
         match spawned {
             Ok(h) => workers.push(h),
             Err(e) => tracing::error!("cannot start transport thread {i}: {e}"),
@@ -148,6 +146,8 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
     for w in workers {
         let _ = w.join();
     }
+    // Transport threads are gone; let the workers finish what they hold.
+    shards.stop();
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     if let Some(t) = reporter_thread {
         let _ = t.join();

@@ -3,7 +3,7 @@
 //! Life of a ring entry (the kernel's `fuse_ring_ent`), one outstanding SQE at a time:
 //!
 //! ```text
-//!   Idle --REGISTER--> InKernel --CQE res=0--> InUser --COMMIT_AND_FETCH--> InKernel ...
+//!   Idle --REGISTER--> InKernel --CQE res=0--> InUser (a worker) --done--> COMMIT_AND_FETCH
 //!                         |                                   |
 //!                         +--CQE -EAGAIN/-EINTR: resubmit-----+
 //!                         +--CQE -ENOTCONN (unmount) / other error--> Dead
@@ -20,10 +20,14 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use crossbeam_channel::{unbounded, Receiver, Sender};
 use io_uring::{opcode, squeue, types, IoUring};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::abi;
+use crate::dispatch::shards::Shards;
 use crate::dispatch::Dispatcher;
 use crate::protocol::{self, Reply};
 
@@ -123,6 +127,8 @@ enum EntState {
     Idle,
     /// REGISTER or COMMIT_AND_FETCH submitted; the kernel owns the buffers.
     InKernel { registering: bool },
+    /// A request is in the buffers and a worker owns them until it reports done.
+    InUser,
     /// The connection ended or the kernel refused the entry.
     Dead,
 }
@@ -136,13 +142,48 @@ struct Entry {
     commit_id: u64,
 }
 
+/// How workers hand finished entries back to the ring thread that owns the submission queue:
+/// a channel of entry indexes and an eventfd the ring thread keeps a READ armed on.
+struct Done {
+    tx: Sender<usize>,
+    efd: OwnedFd,
+}
+
+impl Done {
+    fn finish(&self, idx: usize) {
+        let _ = self.tx.send(idx);
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to an eventfd we own.
+        unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// `user_data` of the eventfd READ (entry indexes are small).
+const DONE_TAG: u64 = u64::MAX;
+
 /// One queue: a ring and its entries. Field order matters: the ring is dropped (closed) before
-/// the entries' buffers are unmapped.
+/// the entries' buffers and the eventfd read buffer it may still reference.
 pub struct Queue {
     ring: IoUring<squeue::Entry128>,
     entries: Vec<Entry>,
     qid: u16,
+    done: Arc<Done>,
+    done_rx: Receiver<usize>,
+    /// Target of the armed eventfd READ.
+    efd_buf: Box<u64>,
 }
+
+/// An entry's buffers as a worker sees them while the entry is `InUser`.
+struct EntryBufs {
+    header: *mut u8,
+    header_len: usize,
+    payload: *mut u8,
+    payload_len: usize,
+}
+
+// SAFETY: the pointers refer to mappings that outlive every job (the ring thread waits for all
+// outstanding jobs before it drops its queue), and exactly one job uses them at a time.
+unsafe impl Send for EntryBufs {}
 
 /// Requests answered through rings, and entries the kernel accepted.
 #[derive(Default)]
@@ -157,10 +198,19 @@ pub struct RingStats {
 pub fn prepare(queues: usize, depth: usize, payload: usize) -> io::Result<Vec<Queue>> {
     let mut out = Vec::with_capacity(queues);
     for qid in 0..queues {
+        // One SQE per entry plus the eventfd READ.
         let ring = IoUring::<squeue::Entry128>::builder()
-            .setup_cqsize((depth * 2) as u32)
+            .setup_cqsize(((depth + 1) * 2) as u32)
             .setup_submit_all()
-            .build(depth as u32)?;
+            .build((depth + 1) as u32)?;
+        // SAFETY: eventfd has no memory preconditions; the result is checked below.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `efd` is a fresh descriptor owned by nobody else.
+        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let (tx, done_rx) = unbounded();
         let mut entries = Vec::with_capacity(depth);
         for _ in 0..depth {
             let mut header = Mapped::new(HEADER_SIZE.next_multiple_of(4096))?;
@@ -187,6 +237,9 @@ pub fn prepare(queues: usize, depth: usize, payload: usize) -> io::Result<Vec<Qu
             ring,
             entries,
             qid: qid as u16,
+            done: Arc::new(Done { tx, efd }),
+            done_rx,
+            efd_buf: Box::new(0),
         });
     }
     Ok(out)
@@ -253,6 +306,19 @@ impl Queue {
 
     fn push(&mut self, fd: RawFd, idx: usize) -> io::Result<()> {
         let sqe = self.sqe_for(fd, idx);
+        self.push_sqe(sqe)
+    }
+
+    /// Arm a READ of the eventfd workers signal when they finish an entry.
+    fn arm_done(&mut self) -> io::Result<()> {
+        let buf: *mut u64 = &mut *self.efd_buf;
+        let sqe = opcode::Read::new(types::Fd(self.done.efd.as_raw_fd()), buf.cast(), 8)
+            .build()
+            .user_data(DONE_TAG);
+        self.push_sqe(sqe.into())
+    }
+
+    fn push_sqe(&mut self, sqe: squeue::Entry128) -> io::Result<()> {
         // SAFETY: the SQE refers to this entry's iovecs and buffers, which live as long as the
         // queue and are not touched by us until the entry's CQE arrives.
         let pushed = unsafe { self.ring.submission().push(&sqe) };
@@ -266,9 +332,14 @@ impl Queue {
         Ok(())
     }
 
-    /// Serve this queue until the connection ends. Runs on the queue's own thread.
-    pub fn serve(mut self, fd: RawFd, dispatcher: &Dispatcher, stats: &RingStats) {
+    /// Serve this queue until the connection ends. Runs on the queue's own thread, which is
+    /// the only one that touches the ring; workers run the requests.
+    pub fn serve(mut self, fd: RawFd, shards: &Shards, stats: &RingStats) {
         pin_to_cpu(self.qid as usize);
+        if let Err(e) = self.arm_done() {
+            tracing::error!("queue {}: cannot arm its eventfd: {e}", self.qid);
+            return;
+        }
         for i in 0..self.entries.len() {
             self.entries[i].state = EntState::InKernel { registering: true };
             if let Err(e) = self.push(fd, i) {
@@ -276,9 +347,10 @@ impl Queue {
                 self.entries[i].state = EntState::Dead;
             }
         }
-        let mut done: Vec<(usize, i32)> = Vec::with_capacity(self.entries.len());
+        let mut done: Vec<(u64, i32)> = Vec::with_capacity(self.entries.len() + 1);
         loop {
-            if self.entries.iter().all(|e| e.state == EntState::Dead) {
+            let outstanding = self.entries.iter().any(|e| e.state == EntState::InUser);
+            if !outstanding && self.entries.iter().all(|e| e.state == EntState::Dead) {
                 break;
             }
             match self.ring.submit_and_wait(1) {
@@ -286,32 +358,48 @@ impl Queue {
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) => {
                     tracing::error!("queue {}: io_uring_enter failed: {e}", self.qid);
+                    // Never drop buffers a worker may still be filling.
+                    while self.entries.iter().any(|e| e.state == EntState::InUser) {
+                        if let Ok(idx) = self.done_rx.recv() {
+                            self.entries[idx].state = EntState::Dead;
+                        }
+                    }
                     break;
                 }
             }
             done.clear();
-            done.extend(
-                self.ring
-                    .completion()
-                    .map(|c| (c.user_data() as usize, c.result())),
-            );
-            for &(idx, res) in &done {
-                if idx >= self.entries.len() {
+            done.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            for &(tag, res) in &done {
+                if tag == DONE_TAG {
+                    self.collect_finished(fd);
+                    if let Err(e) = self.arm_done() {
+                        tracing::error!("queue {}: cannot re-arm its eventfd: {e}", self.qid);
+                    }
                     continue;
                 }
-                self.complete(fd, idx, res, dispatcher, stats);
+                let idx = tag as usize;
+                if idx < self.entries.len() {
+                    self.complete(fd, idx, res, shards, stats);
+                }
             }
         }
     }
 
-    fn complete(
-        &mut self,
-        fd: RawFd,
-        idx: usize,
-        res: i32,
-        dispatcher: &Dispatcher,
-        stats: &RingStats,
-    ) {
+    /// Commit every entry a worker has finished.
+    fn collect_finished(&mut self, fd: RawFd) {
+        while let Ok(idx) = self.done_rx.try_recv() {
+            let Some(e) = self.entries.get_mut(idx) else {
+                continue;
+            };
+            e.state = EntState::InKernel { registering: false };
+            if let Err(err) = self.push(fd, idx) {
+                tracing::error!("queue {} entry {idx}: commit failed: {err}", self.qid);
+                self.entries[idx].state = EntState::Dead;
+            }
+        }
+    }
+
+    fn complete(&mut self, fd: RawFd, idx: usize, res: i32, shards: &Shards, stats: &RingStats) {
         let was_registering = matches!(
             self.entries[idx].state,
             EntState::InKernel { registering: true }
@@ -320,71 +408,110 @@ impl Queue {
             if was_registering {
                 stats.registered.fetch_add(1, Ordering::Relaxed);
             }
-            self.handle(idx, dispatcher);
             stats.served.fetch_add(1, Ordering::Relaxed);
-            self.entries[idx].state = EntState::InKernel { registering: false };
-        } else if res == -libc::EAGAIN || res == -libc::EINTR {
-            // REGISTER raced with INIT, or an interrupted submission: send the same SQE again.
-        } else {
-            if res != -libc::ENOTCONN && res != -libc::ECONNABORTED && res != -libc::ENODEV {
-                tracing::warn!(
-                    "queue {} entry {idx}: the kernel refused the ring ({}); /dev/fuse serves instead",
-                    self.qid,
-                    std::io::Error::from_raw_os_error(-res)
-                );
-                stats.failed.fetch_add(1, Ordering::Relaxed);
-            }
-            self.entries[idx].state = EntState::Dead;
+            self.dispatch(idx, shards);
             return;
         }
-        if let Err(e) = self.push(fd, idx) {
-            tracing::error!("queue {} entry {idx}: resubmit failed: {e}", self.qid);
-            self.entries[idx].state = EntState::Dead;
+        if res == -libc::EAGAIN || res == -libc::EINTR {
+            // REGISTER raced with INIT, or an interrupted submission: send the same SQE again.
+            if let Err(e) = self.push(fd, idx) {
+                tracing::error!("queue {} entry {idx}: resubmit failed: {e}", self.qid);
+                self.entries[idx].state = EntState::Dead;
+            }
+            return;
         }
+        if res != -libc::ENOTCONN && res != -libc::ECONNABORTED && res != -libc::ENODEV {
+            tracing::warn!(
+                "queue {} entry {idx}: the kernel refused the ring ({}); /dev/fuse serves instead",
+                self.qid,
+                std::io::Error::from_raw_os_error(-res)
+            );
+            stats.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.entries[idx].state = EntState::Dead;
     }
 
-    /// Decode the request in entry `idx`, dispatch it and leave the reply in its buffers.
-    fn handle(&mut self, idx: usize, dispatcher: &Dispatcher) {
+    /// Hand entry `idx`, which now holds a request, to the worker of its inode.
+    fn dispatch(&mut self, idx: usize, shards: &Shards) {
         let e = &mut self.entries[idx];
-        let (reply, unique) = {
-            let hdr = e.header.bytes();
-            let Some(ent) = hdr
-                .get(ENT_OFFSET..HEADER_SIZE)
-                .and_then(|b| abi::UringEntInOut::read_from_bytes(b).ok())
-            else {
-                return;
-            };
-            e.commit_id = ent.commit_id;
-            let payload_len = (ent.payload_sz as usize).min(e.payload.len);
-            let in_out = &hdr[..abi::FUSE_URING_IN_OUT_HEADER_SZ];
-            let op_in = &hdr[abi::FUSE_URING_IN_OUT_HEADER_SZ..ENT_OFFSET];
-            let payload = &e.payload.bytes()[..payload_len];
-            match protocol::decode_parts(in_out, op_in, payload) {
-                Ok(req) => (dispatcher.handle(&req), req.header.unique),
-                Err(err) => {
-                    tracing::warn!("malformed ring request: {}", err.why);
-                    (Reply::Error(err.errno), err.unique.unwrap_or(ent.commit_id))
-                }
-            }
+        e.state = EntState::InUser;
+        // COMMIT_AND_FETCH echoes the request's commit id.
+        e.commit_id = e
+            .header
+            .bytes()
+            .get(ENT_OFFSET..HEADER_SIZE)
+            .and_then(|b| abi::UringEntInOut::read_from_bytes(b).ok())
+            .map_or(0, |ent| ent.commit_id);
+        let key = e
+            .header
+            .bytes()
+            .get(16..24)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_ne_bytes)
+            .unwrap_or(0);
+        let bufs = EntryBufs {
+            header: e.header.ptr,
+            header_len: HEADER_SIZE,
+            payload: e.payload.ptr,
+            payload_len: e.payload.len,
         };
-        let (error, body): (i32, &[u8]) = match &reply {
-            // The kernel expects an answer for everything it put on the ring.
-            Reply::None => (0, &[]),
-            Reply::Error(err) => (-err.0, &[]),
-            Reply::Data(d) if d.len() <= e.payload.len => (0, d.as_slice()),
-            Reply::Data(_) => (-libc::EIO, &[]),
-        };
-        e.payload.bytes_mut()[..body.len()].copy_from_slice(body);
-        let out = protocol::out_header(unique, error, body.len());
-        let hdr = e.header.bytes_mut();
-        hdr[..out.len()].copy_from_slice(&out);
-        let ent = abi::UringEntInOut {
-            commit_id: e.commit_id,
-            payload_sz: body.len() as u32,
-            ..Default::default()
-        };
-        hdr[ENT_OFFSET..HEADER_SIZE].copy_from_slice(ent.as_bytes());
+        let done = self.done.clone();
+        shards.submit(
+            key,
+            Box::new(move |d| {
+                let bufs = bufs;
+                // SAFETY: see EntryBufs: the entry is InUser, so this job is the only user of
+                // its buffers until `finish` hands them back to the ring thread.
+                let (hdr, payload) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(bufs.header, bufs.header_len),
+                        std::slice::from_raw_parts_mut(bufs.payload, bufs.payload_len),
+                    )
+                };
+                fill_reply(hdr, payload, d);
+                done.finish(idx);
+            }),
+        );
     }
+}
+
+/// Decode the request in an entry's buffers, run it, and leave the reply in the same buffers
+/// (out header in `in_out`, body in the payload, its length in `ring_ent_in_out`).
+fn fill_reply(hdr: &mut [u8], payload: &mut [u8], dispatcher: &Dispatcher) {
+    let Some(ent) = hdr
+        .get(ENT_OFFSET..HEADER_SIZE)
+        .and_then(|b| abi::UringEntInOut::read_from_bytes(b).ok())
+    else {
+        return;
+    };
+    let payload_len = (ent.payload_sz as usize).min(payload.len());
+    let (reply, unique) = {
+        let in_out = &hdr[..abi::FUSE_URING_IN_OUT_HEADER_SZ];
+        let op_in = &hdr[abi::FUSE_URING_IN_OUT_HEADER_SZ..ENT_OFFSET];
+        match protocol::decode_parts(in_out, op_in, &payload[..payload_len]) {
+            Ok(req) => (dispatcher.handle(&req), req.header.unique),
+            Err(err) => {
+                tracing::warn!("malformed ring request: {}", err.why);
+                (Reply::Error(err.errno), err.unique.unwrap_or(ent.commit_id))
+            }
+        }
+    };
+    let (error, body): (i32, &[u8]) = match &reply {
+        // The kernel expects an answer for everything it put on the ring.
+        Reply::None => (0, &[]),
+        Reply::Error(err) => (-err.0, &[]),
+        Reply::Data(d) if d.len() <= payload.len() => (0, d.as_slice()),
+        Reply::Data(_) => (-libc::EIO, &[]),
+    };
+    payload[..body.len()].copy_from_slice(body);
+    let out = protocol::out_header(unique, error, body.len());
+    hdr[..out.len()].copy_from_slice(&out);
+    let ent = abi::UringEntInOut {
+        commit_id: ent.commit_id,
+        payload_sz: body.len() as u32,
+        ..Default::default()
+    };
+    hdr[ENT_OFFSET..HEADER_SIZE].copy_from_slice(ent.as_bytes());
 }
 
 /// Pin the calling thread to one CPU, so its ring's completions run where its requests come from.
@@ -402,17 +529,17 @@ fn pin_to_cpu(cpu: usize) {
 pub fn start(
     queues: Vec<Queue>,
     fd: RawFd,
-    dispatcher: Arc<Dispatcher>,
+    shards: Arc<Shards>,
     stats: Arc<RingStats>,
 ) -> Vec<std::thread::JoinHandle<()>> {
     let mut threads = Vec::new();
     for q in queues {
-        let d = dispatcher.clone();
+        let sh = shards.clone();
         let s = stats.clone();
         let qid = q.qid;
         match std::thread::Builder::new()
             .name(format!("fuse-ring-{qid}"))
-            .spawn(move || q.serve(fd, &d, &s))
+            .spawn(move || q.serve(fd, &sh, &s))
         {
             Ok(h) => threads.push(h),
             Err(e) => tracing::error!("cannot start ring thread {qid}: {e}"),
@@ -420,7 +547,6 @@ pub fn start(
     }
     threads
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
