@@ -48,6 +48,10 @@ Per round:
          was verified ("settled" snapshot): later crashes must not damage it.
   6. `agentfs umount MNT` and wait for the server to exit.
 
+Servers inherit this process's environment, so AGENTFS_* knobs select the mode under test
+(e.g. AGENTFS_BATCH=0 for one transaction per WRITE, AGENTFS_BATCH_WINDOW_MS=2000 to keep
+most acknowledged bytes pending at the kill); the first output line names them.
+
 Output: one summary line per round, then "N passed, M failed" (rounds).
 Exit status non-zero on any failure. Everything started is killed and every
 mount made is removed on exit (finally blocks + atexit + SIGTERM/SIGINT).
@@ -724,6 +728,8 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
 
+    knobs = sorted("%s=%s" % kv for kv in os.environ.items() if kv[0].startswith("AGENTFS_"))
+    log("server knobs: %s" % (" ".join(knobs) or "(defaults)"))
     npass = nfail = 0
     try:
         if not os.path.exists(db):

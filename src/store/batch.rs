@@ -289,10 +289,10 @@ struct State {
     /// Bytes in every `open` and `inflight` layer; never above the cap except for one write
     /// larger than the cap on an otherwise empty map.
     bytes: u64,
-    /// Background commit failures not yet reported by an fsync of the inode.
+    /// Commit failures not yet reported: each is reported once, by the inode's next fsync or
+    /// by the next syncfs/unmount barrier, whichever comes first (so an unmount does not fail
+    /// again for an error an fsync already returned).
     errors: HashMap<Ino, Errno>,
-    /// A background failure not yet reported by a syncfs/unmount barrier.
-    sync_error: Option<Errno>,
     /// The last commit failed: writes go through synchronously until one succeeds.
     degraded: Option<Errno>,
     /// Writers blocked on the cap.
@@ -414,7 +414,12 @@ impl<D: Durability> Batcher<D> {
         let me = self.clone();
         let h = std::thread::Builder::new()
             .name("committer".into())
-            .spawn(move || me.committer())?;
+            .spawn(move || {
+                // Shutdown signals belong to the session's signal thread, even when the store
+                // is opened before the session blocks them.
+                crate::sys::signals::block_shutdown_signals();
+                me.committer()
+            })?;
         *self.thread.lock() = Some(h);
         Ok(())
     }
@@ -573,7 +578,6 @@ impl<D: Durability> Batcher<D> {
             b.ino.0
         );
         st.errors.insert(b.ino, e);
-        st.sync_error = Some(e);
         st.degraded = Some(e);
         if let Some(p) = st.inodes.get_mut(&b.ino) {
             if p.inflight.as_ref().is_some_and(|x| Arc::ptr_eq(x, b)) {
@@ -769,11 +773,11 @@ impl<D: Durability> Batcher<D> {
         result.and(barrier)
     }
 
-    /// syncfs/unmount: commit everything, then a barrier. Reports a background failure not
-    /// reported by an earlier syncfs.
+    /// syncfs/unmount: commit everything, then a barrier. Reports a commit failure not
+    /// reported before (by an fsync or an earlier syncfs).
     pub fn sync_all(&self) -> Result<(), Errno> {
         let mut result = self.flush_all();
-        let sticky = self.state.lock().sync_error.take();
+        let sticky = self.state.lock().errors.drain().map(|(_, e)| e).next();
         let barrier = self.backend.barrier();
         if result.is_ok() {
             if let Some(e) = sticky {
