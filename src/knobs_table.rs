@@ -13,6 +13,14 @@ knob_table! {
         "Let the kernel buffer writes in the page cache and send them in large batches (0 = write-through).";
     fuse_threads: U64 = 2, [1, 64], Policy, "AGENTFS_FUSE_THREADS",
         "Threads reading requests from /dev/fuse; each has its own SQLite read connection.";
+    fuse_uring: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_URING",
+        "Serve requests over FUSE-over-io_uring when the kernel offers it (enable_uring=Y); /dev/fuse stays the fallback.";
+    fuse_uring_depth: U64 = 8, [1, 256], Policy, "AGENTFS_FUSE_URING_DEPTH",
+        "Ring entries per queue (one queue per possible CPU); each entry pins a max_write-sized buffer.";
+    fuse_noopen: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOOPEN",
+        "Answer OPEN and OPENDIR with ENOSYS so the kernel stops sending them (and RELEASE); no state is keyed to open files.";
+    fuse_noflush: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOFLUSH",
+        "Answer FLUSH with ENOSYS so close(2) costs no request; the kernel still writes dirty pages back before close returns.";
     fuse_entry_ttl_ms: U64 = 1000, [0, 3600000], Policy, "AGENTFS_FUSE_ENTRY_TTL_MS",
         "How long the kernel may cache a name lookup (positive entries), in milliseconds.";
     fuse_attr_ttl_ms: U64 = 1000, [0, 3600000], Policy, "AGENTFS_FUSE_ATTR_TTL_MS",
@@ -39,4 +47,6 @@ knob_table! {
         "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug).";
     require_fuse: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_FUSE",
         "Tests: a missing /dev/fuse is a failure instead of a skip (CI sets 1).";
+    bench_quick: Bool = false, [0, 1], Policy, "AGENTFS_BENCH_QUICK",
+        "Benchmarks: the mount-level benches (workloads, transport) run their quick subset (smaller sizes, under 2 minutes).";
 }

@@ -1,11 +1,18 @@
 //! The command line: one module per subcommand. Every failure is one line on stderr and a
 //! non-zero exit status.
 
+mod backup;
 mod fs;
+mod fsck;
 mod init;
 mod integrity;
+mod kv;
+mod materialize;
+mod migrate;
 mod mount;
+mod progress;
 mod status;
+mod tools;
 mod umount;
 
 use clap::{Parser, Subcommand};
@@ -30,8 +37,21 @@ enum Command {
     Fs(fs::Args),
     /// List live mounts, their databases and server pids.
     Status(status::Args),
-    /// Check a database: SQLite integrity plus every SPEC consistency rule.
+    /// Check a database: SQLite integrity plus every SPEC consistency rule (exit 0 clean,
+    /// 1 findings, 2 could not check).
     Integrity(integrity::Args),
+    /// Check a database and, with --repair, fix what is safe to fix (never file contents).
+    Fsck(fsck::Args),
+    /// Upgrade an older-format database to v0.5, in place or by copy with the current layout.
+    Migrate(migrate::Args),
+    /// Write a consistent single-file copy of a database, also while it is mounted.
+    Backup(backup::Args),
+    /// Write a portable copy with partial-origin files folded into full files.
+    Materialize(materialize::Args),
+    /// Get, set, delete or list key/value entries (JSON values); safe while mounted.
+    Kv(kv::Args),
+    /// Record, list or summarise tool calls in the audit log; safe while mounted.
+    Tools(tools::Args),
     /// Print the knob ledger (KNOBS.md).
     Knobs,
 }
@@ -56,6 +76,12 @@ pub fn main() -> i32 {
         Command::Fs(a) => fs::run(a),
         Command::Status(a) => status::run(a),
         Command::Integrity(a) => integrity::run(a),
+        Command::Fsck(a) => fsck::run(a),
+        Command::Migrate(a) => migrate::run(a),
+        Command::Backup(a) => backup::run(a),
+        Command::Materialize(a) => materialize::run(a),
+        Command::Kv(a) => kv::run(a),
+        Command::Tools(a) => tools::run(a),
         Command::Knobs => {
             print!("{}", crate::knobs::LEDGER_MARKDOWN);
             Ok(0)

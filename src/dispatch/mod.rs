@@ -82,12 +82,14 @@ impl Dispatcher {
     }
 
     /// Answer INIT: take the intersection of what the kernel offers and what we want.
+    /// `ring`: the io_uring queues are ready, so FUSE_OVER_IO_URING may be requested.
     pub fn init(
         &self,
         major: u32,
         minor: u32,
         max_readahead: u32,
         offered: u64,
+        ring: bool,
     ) -> (Reply, Option<Negotiated>) {
         if major != 7 {
             // A newer major: answer with ours so the kernel can retry or give up.
@@ -121,6 +123,9 @@ impl Dispatcher {
         if !k.fuse_writeback_cache {
             want &= !abi::FUSE_WRITEBACK_CACHE;
         }
+        if ring {
+            want |= abi::FUSE_OVER_IO_URING;
+        }
         let flags = offered & want;
         let max_write = k.fuse_max_write as u32;
         let max_pages = if flags & abi::FUSE_MAX_PAGES != 0 {
@@ -133,12 +138,10 @@ impl Dispatcher {
         } else {
             max_write
         };
-        let out = abi::InitOut {
+        let mut out = abi::InitOut {
             major: 7,
             minor: abi::FUSE_KERNEL_MINOR_VERSION.min(minor),
             max_readahead,
-            flags: (flags & 0xffff_ffff) as u32,
-            flags2: (flags >> 32) as u32,
             max_background: 64,
             congestion_threshold: 48,
             max_write,
@@ -146,6 +149,12 @@ impl Dispatcher {
             max_pages,
             ..Default::default()
         };
+        // Bits above 31 travel in flags2, which the kernel reads only with FUSE_INIT_EXT.
+        out.set_flags(if flags >> 32 != 0 {
+            flags | abi::FUSE_INIT_EXT
+        } else {
+            flags
+        });
         let negotiated = Negotiated {
             minor: out.minor,
             max_write,
@@ -210,9 +219,15 @@ impl Dispatcher {
             Operation::Link { oldnodeid, newname } => name_ok(newname)
                 .and_then(|n| self.store.link(Ino(*oldnodeid), ino, n))
                 .map(|a| self.entry(a)),
+            // Zero-message opens: after one ENOSYS the kernel opens files and directories
+            // without asking (fh = 0 from then on) and sends no RELEASE.
+            Operation::Open { .. } | Operation::Opendir { .. } if self.knobs.fuse_noopen => {
+                Err(Errno::ENOSYS)
+            }
             Operation::Open { .. } | Operation::Opendir { .. } => {
                 Ok(Reply::Data(reply::open(&abi::OpenOut::default())))
             }
+            Operation::Flush { .. } if self.knobs.fuse_noflush => Err(Errno::ENOSYS),
             Operation::Create { name, mode, .. } => self.create(ino, name, *mode, caller),
             Operation::Read { offset, size, .. } => {
                 self.store.read(ino, *offset, *size).map(Reply::Data)

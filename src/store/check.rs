@@ -3,7 +3,9 @@
 //! Rule names (stable, for callers and tests): `root`, `dentry_inode`, `dentry_parent`,
 //! `duplicate_name`, `nlink`, `orphan`, `dir_links`, `mode`, `inline`, `chunked`,
 //! `storage_kind`, `nonfile_data`, `chunk_past_eof`, `chunk_too_long`, `data_inode`,
-//! `symlink_target`, `symlink_row`, `config`, `whiteout_parent`, `xattr_inode`.
+//! `symlink_target`, `symlink_row`, `config`, `whiteout_parent`, `xattr_inode`,
+//! `sqlite_integrity` (PRAGMA integrity_check), `tool_call_outcome`, `tool_call_duration`,
+//! `tool_call_json`, `kv_json`, `origin_inode`, `partial_origin_inode`, `chunk_override`.
 //! `orphan` (an inode with nlink 0 and no names) is legal while the kernel still references
 //! it; callers that know no mount is live treat it as garbage for `reap_orphans`.
 
@@ -68,6 +70,17 @@ fn sql_rules() -> Vec<SqlRule> {
             sql: "SELECT 'inode ' || ino || ' has no names (nlink 0)' FROM fs_inode i
                   WHERE ino != 1 AND nlink = 0
                     AND NOT EXISTS (SELECT 1 FROM fs_dentry d WHERE d.ino = i.ino)",
+        },
+        SqlRule {
+            rule: "dir_stats",
+            sql: "SELECT 'directory ' || i.ino || ' records ' || coalesce(s.subdirs, 0) ||
+                         ' subdirectories but has ' || n.real FROM fs_inode i
+                  LEFT JOIN fs_dir_stats s ON s.ino = i.ino
+                  JOIN (SELECT p.ino AS ino,
+                          (SELECT count(*) FROM fs_dentry d JOIN fs_inode c ON c.ino = d.ino
+                            WHERE d.parent_ino = p.ino AND (c.mode & 61440) = 16384) AS real
+                        FROM fs_inode p WHERE (p.mode & 61440) = 16384) n ON n.ino = i.ino
+                  WHERE coalesce(s.subdirs, 0) != n.real",
         },
         SqlRule {
             rule: "dir_links",
@@ -137,11 +150,102 @@ fn sql_rules() -> Vec<SqlRule> {
     ]
 }
 
-/// Run every rule. Reads only; runs in the caller's read transaction.
+/// Rules over the tool-call log, the KV store and the overlay tables: (rule, table it needs,
+/// query whose rows are violations). A table that is missing skips its rule.
+const TABLE_RULES: &[(&str, &str, &str)] = &[
+    (
+        "tool_call_outcome",
+        "tool_calls",
+        "SELECT 'tool call ' || id || ' (' || name || ') has ' ||
+                CASE WHEN result IS NULL THEN 'neither result nor error' ELSE 'both result and error' END
+         FROM tool_calls WHERE (result IS NULL) = (error IS NULL)",
+    ),
+    (
+        "tool_call_duration",
+        "tool_calls",
+        "SELECT 'tool call ' || id || ' (' || name || ') has duration_ms ' || quote(duration_ms) ||
+                ', expected ' || ((completed_at - started_at) * 1000)
+         FROM tool_calls WHERE duration_ms IS NOT (completed_at - started_at) * 1000",
+    ),
+    (
+        "tool_call_json",
+        "tool_calls",
+        "SELECT 'tool call ' || id || ' (' || name || '): ' || what || ' is not valid JSON'
+         FROM (SELECT id, name, 'parameters' AS what FROM tool_calls
+                WHERE parameters IS NOT NULL AND NOT json_valid(parameters)
+               UNION ALL
+               SELECT id, name, 'result' FROM tool_calls
+                WHERE result IS NOT NULL AND NOT json_valid(result))
+         ORDER BY id",
+    ),
+    (
+        "kv_json",
+        "kv_store",
+        "SELECT 'kv key ' || quote(key) || ' has a value that is not valid JSON'
+         FROM kv_store WHERE NOT json_valid(value)",
+    ),
+    (
+        "origin_inode",
+        "fs_origin",
+        "SELECT 'fs_origin row for missing inode ' || o.delta_ino FROM fs_origin o
+         WHERE NOT EXISTS (SELECT 1 FROM fs_inode i WHERE i.ino = o.delta_ino)",
+    ),
+    (
+        "partial_origin_inode",
+        "fs_partial_origin",
+        "SELECT 'fs_partial_origin row for inode ' || p.delta_ino || ': ' ||
+                CASE WHEN i.ino IS NULL THEN 'inode is missing'
+                     WHEN (i.mode & 61440) != 32768 THEN 'not a regular file'
+                     ELSE 'inline storage (partial-origin files are chunked)' END
+         FROM fs_partial_origin p LEFT JOIN fs_inode i ON i.ino = p.delta_ino
+         WHERE i.ino IS NULL OR (i.mode & 61440) != 32768 OR i.storage_kind != 0",
+    ),
+    (
+        "chunk_override",
+        "fs_chunk_override",
+        "SELECT 'fs_chunk_override row (' || o.delta_ino || ', ' || o.chunk_index || '): ' ||
+                CASE WHEN o.chunk_index < 0 THEN 'negative chunk index'
+                     ELSE 'inode has no fs_partial_origin row' END
+         FROM fs_chunk_override o
+         WHERE o.chunk_index < 0
+            OR NOT EXISTS (SELECT 1 FROM fs_partial_origin p WHERE p.delta_ino = o.delta_ino)",
+    ),
+];
+
+pub fn has_table(c: &Connection, name: &str) -> Result<bool, Errno> {
+    Ok(c.query_row(
+        "SELECT EXISTS(SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+        [name],
+        |r| r.get(0),
+    )?)
+}
+
+/// `PRAGMA integrity_check`: every line other than `ok` is a finding.
+fn check_sqlite(c: &Connection, out: &mut Vec<Finding>) -> Result<(), Errno> {
+    let mut st = c.prepare("PRAGMA integrity_check")?;
+    let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+    for line in rows {
+        let line = line?;
+        if line != "ok" {
+            out.push(Finding {
+                rule: "sqlite_integrity",
+                detail: line,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Run every rule, starting with SQLite's own `PRAGMA integrity_check`. Reads only; runs in
+/// the caller's read transaction.
 pub fn check(c: &Connection, cfg: &FsConfig) -> Result<Vec<Finding>, Errno> {
     let mut out = Vec::new();
+    check_sqlite(c, &mut out)?;
     for r in sql_rules() {
         if r.rule == "xattr_inode" && !super::schema::has_xattr_table(c)? {
+            continue;
+        }
+        if r.rule == "dir_stats" && !has_table(c, "fs_dir_stats")? {
             continue;
         }
         let mut st = c.prepare(r.sql)?;
@@ -156,6 +260,16 @@ pub fn check(c: &Connection, cfg: &FsConfig) -> Result<Vec<Finding>, Errno> {
     check_chunks(c, cfg, &mut out)?;
     check_config(c, &mut out)?;
     check_whiteouts(c, &mut out)?;
+    for (rule, table, sql) in TABLE_RULES {
+        if !has_table(c, table)? {
+            continue;
+        }
+        let mut st = c.prepare(sql)?;
+        let rows = st.query_map([], |row| row.get::<_, String>(0))?;
+        for d in rows {
+            out.push(Finding { rule, detail: d? });
+        }
+    }
     Ok(out)
 }
 

@@ -282,9 +282,9 @@ pub fn truncate(
             }
         }
     }
-    if new_size != size {
-        touch_mc(c, ino, now)?;
-    }
+    // Like ext4: any truncate, even to the same size (open with O_TRUNC of an empty file),
+    // changes mtime and ctime. The kernel leaves this to us for O_TRUNC and ftruncate.
+    touch_mc(c, ino, now)?;
     Ok(())
 }
 

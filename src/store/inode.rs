@@ -173,13 +173,20 @@ pub fn parent_of_dir(c: &Connection, ino: Ino) -> Result<Ino, Errno> {
     Ok(p.map_or(ino, |p| Ino(p as u64)))
 }
 
-/// Number of subdirectories of a directory (indexed: entries by parent, inodes by key).
+/// Number of subdirectories of a directory: one row of fs_dir_stats, which triggers keep
+/// current in the same transaction as every dentry change. A read-only open of a foreign
+/// database without that table counts the entries instead (O(entries)).
 fn subdirs(c: &Connection, ino: Ino) -> Result<u64, Errno> {
+    let id = sql_ino(ino)?;
+    if let Ok(mut st) = c.prepare_cached("SELECT subdirs FROM fs_dir_stats WHERE ino = ?1") {
+        let n: Option<i64> = st.query_row([id], |r| r.get(0)).optional()?;
+        return Ok(n.unwrap_or(0).max(0) as u64);
+    }
     let mut st = c.prepare_cached(
         "SELECT count(*) FROM fs_dentry d JOIN fs_inode i ON i.ino = d.ino
          WHERE d.parent_ino = ?1 AND (i.mode & ?2) = ?3",
     )?;
-    let n: i64 = st.query_row((sql_ino(ino)?, S_IFMT, S_IFDIR), |r| r.get(0))?;
+    let n: i64 = st.query_row((id, S_IFMT, S_IFDIR), |r| r.get(0))?;
     Ok(n.max(0) as u64)
 }
 

@@ -20,17 +20,24 @@ use parking_lot::Mutex;
 
 use crate::errno::Errno;
 
+pub mod backup;
 pub mod batch;
 mod check;
 mod conn;
+mod copy;
 mod data;
 mod dir;
 mod inode;
+pub mod kv;
+pub mod migrate;
 mod namespace;
+pub mod progress;
+pub mod repair;
 mod schema;
 mod stat;
 #[cfg(test)]
 mod tests;
+pub mod tools;
 mod xattr;
 
 pub use check::Finding;

@@ -145,6 +145,35 @@ CREATE TABLE fs_xattr (
   value BLOB NOT NULL,
   PRIMARY KEY (ino, name)
 );
+CREATE TABLE fs_dir_stats (
+  ino INTEGER PRIMARY KEY,
+  subdirs INTEGER NOT NULL DEFAULT 0
+);
+CREATE TRIGGER fs_dir_stats_link AFTER INSERT ON fs_dentry
+WHEN (SELECT mode & 61440 FROM fs_inode WHERE ino = NEW.ino) = 16384
+BEGIN
+  INSERT INTO fs_dir_stats (ino, subdirs) VALUES (NEW.parent_ino, 1)
+    ON CONFLICT(ino) DO UPDATE SET subdirs = subdirs + 1;
+END;
+CREATE TRIGGER fs_dir_stats_unlink AFTER DELETE ON fs_dentry
+WHEN (SELECT mode & 61440 FROM fs_inode WHERE ino = OLD.ino) = 16384
+BEGIN
+  UPDATE fs_dir_stats SET subdirs = subdirs - 1 WHERE ino = OLD.parent_ino;
+END;
+CREATE TRIGGER fs_dir_stats_move AFTER UPDATE OF parent_ino, ino ON fs_dentry
+BEGIN
+  UPDATE fs_dir_stats SET subdirs = subdirs - 1
+    WHERE ino = OLD.parent_ino
+      AND (SELECT mode & 61440 FROM fs_inode WHERE ino = OLD.ino) = 16384;
+  INSERT INTO fs_dir_stats (ino, subdirs)
+    SELECT NEW.parent_ino, 1
+    WHERE (SELECT mode & 61440 FROM fs_inode WHERE ino = NEW.ino) = 16384
+    ON CONFLICT(ino) DO UPDATE SET subdirs = subdirs + 1;
+END;
+CREATE TRIGGER fs_dir_stats_reap AFTER DELETE ON fs_inode
+BEGIN
+  DELETE FROM fs_dir_stats WHERE ino = OLD.ino;
+END;
 "#;
 
 /// The extension objects (indexes and fs_xattr) created on a writable open of a v0.5 database
@@ -159,7 +188,55 @@ CREATE TABLE IF NOT EXISTS fs_xattr (
   value BLOB NOT NULL,
   PRIMARY KEY (ino, name)
 );
+CREATE TABLE IF NOT EXISTS fs_dir_stats (
+  ino INTEGER PRIMARY KEY,
+  subdirs INTEGER NOT NULL DEFAULT 0
+);
+CREATE TRIGGER IF NOT EXISTS fs_dir_stats_link AFTER INSERT ON fs_dentry
+WHEN (SELECT mode & 61440 FROM fs_inode WHERE ino = NEW.ino) = 16384
+BEGIN
+  INSERT INTO fs_dir_stats (ino, subdirs) VALUES (NEW.parent_ino, 1)
+    ON CONFLICT(ino) DO UPDATE SET subdirs = subdirs + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS fs_dir_stats_unlink AFTER DELETE ON fs_dentry
+WHEN (SELECT mode & 61440 FROM fs_inode WHERE ino = OLD.ino) = 16384
+BEGIN
+  UPDATE fs_dir_stats SET subdirs = subdirs - 1 WHERE ino = OLD.parent_ino;
+END;
+CREATE TRIGGER IF NOT EXISTS fs_dir_stats_move AFTER UPDATE OF parent_ino, ino ON fs_dentry
+BEGIN
+  UPDATE fs_dir_stats SET subdirs = subdirs - 1
+    WHERE ino = OLD.parent_ino
+      AND (SELECT mode & 61440 FROM fs_inode WHERE ino = OLD.ino) = 16384;
+  INSERT INTO fs_dir_stats (ino, subdirs)
+    SELECT NEW.parent_ino, 1
+    WHERE (SELECT mode & 61440 FROM fs_inode WHERE ino = NEW.ino) = 16384
+    ON CONFLICT(ino) DO UPDATE SET subdirs = subdirs + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS fs_dir_stats_reap AFTER DELETE ON fs_inode
+BEGIN
+  DELETE FROM fs_dir_stats WHERE ino = OLD.ino;
+END;
 "#;
+
+/// Fills fs_dir_stats from the dentries, for a database that did not maintain it.
+pub const DIR_STATS_REBUILD: &str = "DELETE FROM fs_dir_stats;
+INSERT INTO fs_dir_stats (ino, subdirs)
+  SELECT d.parent_ino, count(*) FROM fs_dentry d JOIN fs_inode i ON i.ino = d.ino
+  WHERE (i.mode & 61440) = 16384 GROUP BY d.parent_ino;";
+
+/// Every extension object by name (what [`ensure_extensions`] looks for).
+const EXTENSION_NAMES: [&str; 9] = [
+    "idx_fs_dentry_parent_id",
+    "idx_fs_dentry_ino",
+    "idx_fs_inode_orphan",
+    "fs_xattr",
+    "fs_dir_stats",
+    "fs_dir_stats_link",
+    "fs_dir_stats_unlink",
+    "fs_dir_stats_move",
+    "fs_dir_stats_reap",
+];
 
 fn sqlite_err(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
     move |source| StoreError::Sqlite {
@@ -425,15 +502,23 @@ fn read_config(conn: &Connection, path: &Path) -> Result<FsConfig, StoreError> {
 
 /// Create our extension objects if a (foreign) v0.5 database lacks them. Writable opens only.
 pub fn ensure_extensions(conn: &Connection) -> rusqlite::Result<()> {
-    let missing: i64 = conn.query_row(
-        "SELECT 4 - count(*) FROM sqlite_master WHERE name IN
-           ('idx_fs_dentry_parent_id', 'idx_fs_dentry_ino', 'idx_fs_inode_orphan', 'fs_xattr')",
-        [],
-        |r| r.get(0),
-    )?;
-    if missing > 0 {
+    let mut present = 0usize;
+    let mut stats_present = false;
+    for name in EXTENSION_NAMES {
+        let found: bool = conn.query_row(
+            "SELECT EXISTS(SELECT 1 FROM sqlite_master WHERE name = ?1)",
+            [name],
+            |r| r.get(0),
+        )?;
+        present += usize::from(found);
+        stats_present |= found && name == "fs_dir_stats";
+    }
+    if present < EXTENSION_NAMES.len() {
         let tx = conn.unchecked_transaction()?;
         tx.execute_batch(EXTENSIONS_IF_MISSING)?;
+        if !stats_present {
+            tx.execute_batch(DIR_STATS_REBUILD)?;
+        }
         tx.commit()?;
     }
     Ok(())

@@ -5,12 +5,16 @@
 use std::path::{Path, PathBuf};
 
 /// One live (or stale) server.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServerRecord {
     pub pid: u32,
     pub db: PathBuf,
     pub mount_point: PathBuf,
+    /// "io-uring" or "dev-fuse", as the kernel accepted it.
     pub transport: String,
+    pub ring_queues: usize,
+    pub ring_requests: u64,
+    pub devfuse_requests: u64,
 }
 
 pub fn runtime_dir() -> PathBuf {
@@ -34,13 +38,19 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     let path = record_path(rec.pid);
     let text = format!(
-        "pid={}\ndb={}\nmount={}\ntransport={}\n",
+        "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\n",
         rec.pid,
         rec.db.display(),
         rec.mount_point.display(),
-        rec.transport
+        rec.transport,
+        rec.ring_queues,
+        rec.ring_requests,
+        rec.devfuse_requests
     );
-    std::fs::write(&path, text)?;
+    // Write then rename, so a reader never sees half a record.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, &path)?;
     Ok(path)
 }
 
@@ -48,22 +58,23 @@ fn parse(text: &str) -> Option<ServerRecord> {
     let mut pid = None;
     let mut db = None;
     let mut mnt = None;
-    let mut transport = String::new();
+    let mut rec = ServerRecord::default();
     for line in text.lines() {
         match line.split_once('=') {
             Some(("pid", v)) => pid = v.parse().ok(),
             Some(("db", v)) => db = Some(PathBuf::from(v)),
             Some(("mount", v)) => mnt = Some(PathBuf::from(v)),
-            Some(("transport", v)) => transport = v.to_string(),
+            Some(("transport", v)) => rec.transport = v.to_string(),
+            Some(("ring_queues", v)) => rec.ring_queues = v.parse().unwrap_or(0),
+            Some(("ring_requests", v)) => rec.ring_requests = v.parse().unwrap_or(0),
+            Some(("devfuse_requests", v)) => rec.devfuse_requests = v.parse().unwrap_or(0),
             _ => {}
         }
     }
-    Some(ServerRecord {
-        pid: pid?,
-        db: db?,
-        mount_point: mnt?,
-        transport,
-    })
+    rec.pid = pid?;
+    rec.db = db?;
+    rec.mount_point = mnt?;
+    Some(rec)
 }
 
 /// Every record whose server is still alive; stale records are removed.

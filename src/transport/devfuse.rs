@@ -31,6 +31,11 @@ impl Channel {
         }
     }
 
+    /// The descriptor, for the io_uring transport's SQEs (it stays owned by the channel).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+
     /// Read one request. Retries on EINTR/EAGAIN and on ENOENT (a request interrupted before
     /// we read it).
     pub fn receive(&self, buf: &mut [u8]) -> io::Result<Received> {

@@ -6,3 +6,4 @@
 
 pub mod devfuse;
 pub mod session;
+pub mod uring;

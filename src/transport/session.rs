@@ -5,6 +5,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::abi;
 use crate::dispatch::{Dispatcher, Negotiated};
 use crate::knobs::Knobs;
 use crate::protocol::{self, Operation};
@@ -12,6 +13,7 @@ use crate::store::Store;
 use crate::sys::{lock, mount, mounts, registry, signals};
 
 use super::devfuse::{self, Channel, Received};
+use super::uring;
 
 /// Everything a session needs to start.
 pub struct SessionConfig {
@@ -68,32 +70,49 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
     let chan = Arc::new(Channel::new(fd));
     let dispatcher = Arc::new(Dispatcher::new(store.clone(), knobs));
 
-    let negotiated = match handshake(&chan, &dispatcher) {
-        Ok(n) => n,
+    let Handshake { negotiated, queues } = match handshake(&chan, &dispatcher, knobs) {
+        Ok(h) => h,
         Err(e) => {
             let _ = mount::unmount(&mnt, true);
             return Err(e);
         }
     };
+    let ring_stats = Arc::new(uring::RingStats::default());
+    let ring_queues = queues.len();
+    let mut workers = uring::start(
+        queues,
+        chan.raw_fd(),
+        dispatcher.clone(),
+        ring_stats.clone(),
+    );
     tracing::info!(
-        "mounted {} on {} (protocol 7.{}, max_write {}, transport /dev/fuse)",
+        "mounted {} on {} (protocol 7.{}, max_write {}, transport {})",
         db.display(),
         mnt.display(),
         negotiated.minor,
-        negotiated.max_write
+        negotiated.max_write,
+        if ring_queues > 0 {
+            format!("io-uring with {ring_queues} queues, /dev/fuse for forgets")
+        } else {
+            "/dev/fuse".to_string()
+        }
     );
-    let record = registry::register(&registry::ServerRecord {
-        pid: std::process::id(),
-        db: db.clone(),
-        mount_point: mnt.clone(),
-        transport: "dev-fuse".into(),
-    })
-    .ok();
+    let reporter = Reporter {
+        record: registry::ServerRecord {
+            pid: std::process::id(),
+            db: db.clone(),
+            mount_point: mnt.clone(),
+            ring_queues,
+            ..Default::default()
+        },
+        chan: chan.clone(),
+        ring: ring_stats.clone(),
+    };
+    let record = reporter.write();
     ready.ready(&mnt);
 
     let buf_size = negotiated.max_write as usize + 64 * 1024;
     let threads = knobs.fuse_threads.max(1) as usize;
-    let mut workers = Vec::with_capacity(threads);
     for i in 0..threads {
         let chan = chan.clone();
         let d = dispatcher.clone();
@@ -113,8 +132,25 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
             tracing::info!("signal {sig}: unmounting {}", signal_mnt.display());
             unmount_for_shutdown(&signal_mnt);
         });
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reporter_thread = {
+        let done = done.clone();
+        std::thread::Builder::new()
+            .name("status".into())
+            .spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    reporter.write();
+                }
+            })
+            .ok()
+    };
     for w in workers {
         let _ = w.join();
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(t) = reporter_thread {
+        let _ = t.join();
     }
     // The connection is gone: every request has been answered. Make it all durable.
     let result = store
@@ -125,10 +161,35 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
         let _ = std::fs::remove_file(p);
     }
     tracing::info!(
-        "served {} requests",
-        chan.served.load(std::sync::atomic::Ordering::Relaxed)
+        "served {} requests over /dev/fuse and {} over io_uring",
+        chan.served.load(std::sync::atomic::Ordering::Relaxed),
+        ring_stats.served.load(std::sync::atomic::Ordering::Relaxed)
     );
     result
+}
+
+/// Keeps the server's status record current: transport and requests served on each.
+struct Reporter {
+    record: registry::ServerRecord,
+    chan: Arc<Channel>,
+    ring: Arc<uring::RingStats>,
+}
+
+impl Reporter {
+    /// The transport as the kernel decided it: a refused REGISTER means the kernel went back
+    /// to /dev/fuse for everything.
+    fn write(&self) -> Option<PathBuf> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut rec = self.record.clone();
+        rec.devfuse_requests = self.chan.served.load(Relaxed);
+        rec.ring_requests = self.ring.served.load(Relaxed);
+        rec.transport = if rec.ring_queues > 0 && self.ring.failed.load(Relaxed) == 0 {
+            "io-uring".into()
+        } else {
+            "dev-fuse".into()
+        };
+        registry::register(&rec).ok()
+    }
 }
 
 /// Unmount at shutdown: a normal unmount, and when busy a lazy one (open files keep being
@@ -145,8 +206,20 @@ fn unmount_for_shutdown(mnt: &Path) {
     }
 }
 
-/// Read INIT from the kernel and answer it.
-fn handshake(chan: &Channel, dispatcher: &Dispatcher) -> Result<Negotiated, SessionError> {
+/// What INIT settled, and the rings to serve when the kernel took FUSE_OVER_IO_URING.
+struct Handshake {
+    negotiated: Negotiated,
+    queues: Vec<uring::Queue>,
+}
+
+/// Read INIT from the kernel and answer it. When the kernel offers FUSE-over-io_uring (and the
+/// knob allows it), the rings are created before the reply, so a failure there just means the
+/// flag is not requested.
+fn handshake(
+    chan: &Channel,
+    dispatcher: &Dispatcher,
+    knobs: &Knobs,
+) -> Result<Handshake, SessionError> {
     let mut buf = vec![0u8; 64 * 1024 + 4096];
     loop {
         let n = match chan.receive(&mut buf) {
@@ -168,11 +241,28 @@ fn handshake(chan: &Channel, dispatcher: &Dispatcher) -> Result<Negotiated, Sess
                 req.header.opcode
             )));
         };
-        let (reply, negotiated) = dispatcher.init(major, minor, max_readahead, flags);
+        let mut queues = Vec::new();
+        if knobs.fuse_uring && flags & abi::FUSE_OVER_IO_URING != 0 {
+            // The kernel rejects payload buffers smaller than max(8192, max_write,
+            // max_pages * 4096); our max_pages * 4096 never exceeds max_write.
+            let payload = (knobs.fuse_max_write as usize).max(8192);
+            let depth = knobs.fuse_uring_depth as usize;
+            match uring::prepare(uring::possible_cpus(), depth, payload) {
+                Ok(q) => queues = q,
+                Err(e) => tracing::warn!("io_uring unavailable ({e}); serving /dev/fuse only"),
+            }
+        }
+        let (reply, negotiated) =
+            dispatcher.init(major, minor, max_readahead, flags, !queues.is_empty());
         chan.send(req.header.unique, &reply)
             .map_err(|e| SessionError::Handshake(format!("INIT reply: {e}")))?;
         match negotiated {
-            Some(n) => return Ok(n),
+            Some(negotiated) => {
+                if negotiated.flags & abi::FUSE_OVER_IO_URING == 0 {
+                    queues.clear();
+                }
+                return Ok(Handshake { negotiated, queues });
+            }
             None if major > 7 => continue,
             None => {
                 return Err(SessionError::Handshake(format!(

@@ -265,3 +265,44 @@ fn xattr_inode_rule() {
     inject(&db, "INSERT INTO fs_xattr VALUES (777, x'61', x'62')");
     expect_only(&db, "xattr_inode");
 }
+
+#[test]
+fn dir_stats_rule() {
+    let (db, d, ..) = populated();
+    inject(
+        &db,
+        &format!("INSERT OR REPLACE INTO fs_dir_stats VALUES ({}, 7)", d.0),
+    );
+    expect_only(&db, "dir_stats");
+}
+
+#[test]
+fn dir_stats_follow_every_namespace_change() {
+    let db = fresh();
+    let a = db.dir(Ino::ROOT, "a");
+    let b = db.dir(Ino::ROOT, "b");
+    let c = db.dir(a, "c");
+    db.file(a, "f");
+    assert_eq!(db.getattr(Ino::ROOT).unwrap().nlink, 4);
+    assert_eq!(db.getattr(a).unwrap().nlink, 3);
+    db.rename(a, b"c", b, b"c2", RenameFlags::default(), &NoReferences)
+        .unwrap();
+    assert_eq!(db.getattr(a).unwrap().nlink, 2);
+    assert_eq!(db.getattr(b).unwrap().nlink, 3);
+    let exchange = RenameFlags {
+        exchange: true,
+        ..Default::default()
+    };
+    db.rename(b, b"c2", a, b"f", exchange, &NoReferences)
+        .unwrap();
+    assert_eq!(
+        db.getattr(a).unwrap().nlink,
+        3,
+        "the directory moved into a"
+    );
+    assert_eq!(db.getattr(b).unwrap().nlink, 2, "a file moved into b");
+    db.rmdir(a, b"f", &NoReferences).unwrap();
+    assert_eq!(db.getattr(a).unwrap().nlink, 2);
+    db.assert_clean();
+    let _ = c;
+}

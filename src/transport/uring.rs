@@ -1,0 +1,469 @@
+//! FUSE-over-io_uring: one ring per possible CPU, each served by a thread pinned to that CPU.
+//!
+//! Life of a ring entry (the kernel's `fuse_ring_ent`), one outstanding SQE at a time:
+//!
+//! ```text
+//!   Idle --REGISTER--> InKernel --CQE res=0--> InUser --COMMIT_AND_FETCH--> InKernel ...
+//!                         |                                   |
+//!                         +--CQE -EAGAIN/-EINTR: resubmit-----+
+//!                         +--CQE -ENOTCONN (unmount) / other error--> Dead
+//! ```
+//!
+//! The kernel keeps raw pointers to each entry's two buffers (header and payload) for the life
+//! of the connection, so they are mmap'd once, never move, and are unmapped only after the ring
+//! is closed. Only the owning thread touches a ring (its submission queue is single-producer).
+//! FORGET, INTERRUPT and notifications keep using /dev/fuse (see kernel-notes/fuse-io-uring.md),
+//! which is why the classic threads keep running in ring mode.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use io_uring::{opcode, squeue, types, IoUring};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::abi;
+use crate::dispatch::Dispatcher;
+use crate::protocol::{self, Reply};
+
+const HEADER_SIZE: usize = std::mem::size_of::<abi::UringReqHeader>();
+const ENT_OFFSET: usize = abi::FUSE_URING_IN_OUT_HEADER_SZ + abi::FUSE_URING_OP_IN_OUT_SZ;
+
+/// Whether the kernel's fuse module allows the ring (`enable_uring` = Y).
+pub fn kernel_allows() -> bool {
+    std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
+        .map(|s| s.trim() == "Y")
+        .unwrap_or(false)
+}
+
+/// Number of possible CPUs: the kernel wants one queue for each before it uses the ring.
+pub fn possible_cpus() -> usize {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
+    parse_cpu_list(text.trim()).unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    })
+}
+
+/// "0-3,5" → 6 (highest index + 1, as the kernel sizes its queue array).
+fn parse_cpu_list(s: &str) -> Option<usize> {
+    let mut max = None;
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let hi = match part.split_once('-') {
+            Some((_, hi)) => hi.parse::<usize>().ok()?,
+            None => part.parse::<usize>().ok()?,
+        };
+        max = Some(max.map_or(hi, |m: usize| m.max(hi)));
+    }
+    max.map(|m| m + 1)
+}
+
+/// Memory the kernel reads and writes through a raw pointer: page-aligned, never moved.
+struct Mapped {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by one ring thread at a time.
+unsafe impl Send for Mapped {}
+
+impl Mapped {
+    fn new(len: usize) -> io::Result<Self> {
+        // SAFETY: an anonymous private mapping with no address hint has no preconditions.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapped {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// The bytes, while the entry is in user space (the kernel is not using it).
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: ptr..ptr+len is a live mapping; callers only use it between the entry's CQE
+        // and its next submission, when the kernel does not access it.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, and `&mut self` makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was created by mmap with this length and is unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// The iovec pair of one entry (header, payload), boxed so its address never changes.
+struct IoVecs(Box<[libc::iovec; 2]>);
+
+// SAFETY: the iovecs only carry addresses of this entry's own mappings, which move with it.
+unsafe impl Send for IoVecs {}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EntState {
+    /// Allocated, not yet handed to the kernel.
+    Idle,
+    /// REGISTER or COMMIT_AND_FETCH submitted; the kernel owns the buffers.
+    InKernel { registering: bool },
+    /// The connection ended or the kernel refused the entry.
+    Dead,
+}
+
+struct Entry {
+    header: Mapped,
+    payload: Mapped,
+    /// The two iovecs REGISTER points at; they must stay valid until the kernel read them.
+    iov: IoVecs,
+    state: EntState,
+    commit_id: u64,
+}
+
+/// One queue: a ring and its entries. Field order matters: the ring is dropped (closed) before
+/// the entries' buffers are unmapped.
+pub struct Queue {
+    ring: IoUring<squeue::Entry128>,
+    entries: Vec<Entry>,
+    qid: u16,
+}
+
+/// Requests answered through rings, and entries the kernel accepted.
+#[derive(Default)]
+pub struct RingStats {
+    pub served: AtomicU64,
+    pub registered: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+/// Create every queue before INIT is answered, so a failure simply means "do not offer the
+/// ring". `payload` must be at least the kernel's max(8192, max_write, max_pages * 4096).
+pub fn prepare(queues: usize, depth: usize, payload: usize) -> io::Result<Vec<Queue>> {
+    let mut out = Vec::with_capacity(queues);
+    for qid in 0..queues {
+        let ring = IoUring::<squeue::Entry128>::builder()
+            .setup_cqsize((depth * 2) as u32)
+            .setup_submit_all()
+            .build(depth as u32)?;
+        let mut entries = Vec::with_capacity(depth);
+        for _ in 0..depth {
+            let mut header = Mapped::new(HEADER_SIZE.next_multiple_of(4096))?;
+            let mut payload_buf = Mapped::new(payload.next_multiple_of(4096))?;
+            let iov = IoVecs(Box::new([
+                libc::iovec {
+                    iov_base: header.bytes_mut().as_mut_ptr().cast(),
+                    iov_len: HEADER_SIZE,
+                },
+                libc::iovec {
+                    iov_base: payload_buf.bytes_mut().as_mut_ptr().cast(),
+                    iov_len: payload_buf.len,
+                },
+            ]));
+            entries.push(Entry {
+                header,
+                payload: payload_buf,
+                iov,
+                state: EntState::Idle,
+                commit_id: 0,
+            });
+        }
+        out.push(Queue {
+            ring,
+            entries,
+            qid: qid as u16,
+        });
+    }
+    Ok(out)
+}
+
+/// Build a FUSE uring command SQE. The crate has no setter for `len`, which REGISTER needs (the
+/// number of iovecs, 2), so it is patched into the raw entry.
+fn uring_cmd(
+    fd: RawFd,
+    cmd_op: u32,
+    req: &abi::UringCmdReq,
+    addr: Option<u64>,
+    len: u32,
+) -> squeue::Entry128 {
+    let mut cmd = [0u8; 80];
+    cmd[..std::mem::size_of::<abi::UringCmdReq>()].copy_from_slice(req.as_bytes());
+    let op = opcode::UringCmd80::new(types::Fd(fd), cmd_op)
+        .cmd(cmd)
+        .addr(addr);
+    set_sqe_len(op.build(), len)
+}
+
+/// Offset of `len` in `struct io_uring_sqe`.
+const SQE_LEN_OFFSET: usize = 24;
+
+fn set_sqe_len(sqe: squeue::Entry128, len: u32) -> squeue::Entry128 {
+    const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
+    // SAFETY: Entry128 is #[repr(C)] over the 128-byte io_uring_sqe (+ command area), plain
+    // data for which every bit pattern is valid; sizes are equal (asserted above).
+    let mut raw: [u8; 128] = unsafe { std::mem::transmute(sqe) };
+    raw[SQE_LEN_OFFSET..SQE_LEN_OFFSET + 4].copy_from_slice(&len.to_ne_bytes());
+    // SAFETY: as above, converting back.
+    unsafe { std::mem::transmute(raw) }
+}
+
+impl Queue {
+    fn sqe_for(&self, fd: RawFd, idx: usize) -> squeue::Entry128 {
+        let e = &self.entries[idx];
+        let sqe = match e.state {
+            EntState::InKernel { registering: true } | EntState::Idle => uring_cmd(
+                fd,
+                abi::FUSE_IO_URING_CMD_REGISTER,
+                &abi::UringCmdReq {
+                    qid: self.qid,
+                    ..Default::default()
+                },
+                Some(e.iov.0.as_ptr() as u64),
+                2,
+            ),
+            _ => uring_cmd(
+                fd,
+                abi::FUSE_IO_URING_CMD_COMMIT_AND_FETCH,
+                &abi::UringCmdReq {
+                    commit_id: e.commit_id,
+                    qid: self.qid,
+                    ..Default::default()
+                },
+                None,
+                0,
+            ),
+        };
+        sqe.user_data(idx as u64)
+    }
+
+    fn push(&mut self, fd: RawFd, idx: usize) -> io::Result<()> {
+        let sqe = self.sqe_for(fd, idx);
+        // SAFETY: the SQE refers to this entry's iovecs and buffers, which live as long as the
+        // queue and are not touched by us until the entry's CQE arrives.
+        let pushed = unsafe { self.ring.submission().push(&sqe) };
+        if pushed.is_err() {
+            // Never happens: one SQE per entry and the SQ holds `depth` entries. Flush anyway.
+            self.ring.submit()?;
+            // SAFETY: as above.
+            unsafe { self.ring.submission().push(&sqe) }
+                .map_err(|_| io::Error::other("submission queue full"))?;
+        }
+        Ok(())
+    }
+
+    /// Serve this queue until the connection ends. Runs on the queue's own thread.
+    pub fn serve(mut self, fd: RawFd, dispatcher: &Dispatcher, stats: &RingStats) {
+        pin_to_cpu(self.qid as usize);
+        for i in 0..self.entries.len() {
+            self.entries[i].state = EntState::InKernel { registering: true };
+            if let Err(e) = self.push(fd, i) {
+                tracing::error!("queue {}: REGISTER failed: {e}", self.qid);
+                self.entries[i].state = EntState::Dead;
+            }
+        }
+        let mut done: Vec<(usize, i32)> = Vec::with_capacity(self.entries.len());
+        loop {
+            if self.entries.iter().all(|e| e.state == EntState::Dead) {
+                break;
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => {
+                    tracing::error!("queue {}: io_uring_enter failed: {e}", self.qid);
+                    break;
+                }
+            }
+            done.clear();
+            done.extend(
+                self.ring
+                    .completion()
+                    .map(|c| (c.user_data() as usize, c.result())),
+            );
+            for &(idx, res) in &done {
+                if idx >= self.entries.len() {
+                    continue;
+                }
+                self.complete(fd, idx, res, dispatcher, stats);
+            }
+        }
+    }
+
+    fn complete(
+        &mut self,
+        fd: RawFd,
+        idx: usize,
+        res: i32,
+        dispatcher: &Dispatcher,
+        stats: &RingStats,
+    ) {
+        let was_registering = matches!(
+            self.entries[idx].state,
+            EntState::InKernel { registering: true }
+        );
+        if res == 0 {
+            if was_registering {
+                stats.registered.fetch_add(1, Ordering::Relaxed);
+            }
+            self.handle(idx, dispatcher);
+            stats.served.fetch_add(1, Ordering::Relaxed);
+            self.entries[idx].state = EntState::InKernel { registering: false };
+        } else if res == -libc::EAGAIN || res == -libc::EINTR {
+            // REGISTER raced with INIT, or an interrupted submission: send the same SQE again.
+        } else {
+            if res != -libc::ENOTCONN && res != -libc::ECONNABORTED && res != -libc::ENODEV {
+                tracing::warn!(
+                    "queue {} entry {idx}: the kernel refused the ring ({}); /dev/fuse serves instead",
+                    self.qid,
+                    std::io::Error::from_raw_os_error(-res)
+                );
+                stats.failed.fetch_add(1, Ordering::Relaxed);
+            }
+            self.entries[idx].state = EntState::Dead;
+            return;
+        }
+        if let Err(e) = self.push(fd, idx) {
+            tracing::error!("queue {} entry {idx}: resubmit failed: {e}", self.qid);
+            self.entries[idx].state = EntState::Dead;
+        }
+    }
+
+    /// Decode the request in entry `idx`, dispatch it and leave the reply in its buffers.
+    fn handle(&mut self, idx: usize, dispatcher: &Dispatcher) {
+        let e = &mut self.entries[idx];
+        let (reply, unique) = {
+            let hdr = e.header.bytes();
+            let Some(ent) = hdr
+                .get(ENT_OFFSET..HEADER_SIZE)
+                .and_then(|b| abi::UringEntInOut::read_from_bytes(b).ok())
+            else {
+                return;
+            };
+            e.commit_id = ent.commit_id;
+            let payload_len = (ent.payload_sz as usize).min(e.payload.len);
+            let in_out = &hdr[..abi::FUSE_URING_IN_OUT_HEADER_SZ];
+            let op_in = &hdr[abi::FUSE_URING_IN_OUT_HEADER_SZ..ENT_OFFSET];
+            let payload = &e.payload.bytes()[..payload_len];
+            match protocol::decode_parts(in_out, op_in, payload) {
+                Ok(req) => (dispatcher.handle(&req), req.header.unique),
+                Err(err) => {
+                    tracing::warn!("malformed ring request: {}", err.why);
+                    (Reply::Error(err.errno), err.unique.unwrap_or(ent.commit_id))
+                }
+            }
+        };
+        let (error, body): (i32, &[u8]) = match &reply {
+            // The kernel expects an answer for everything it put on the ring.
+            Reply::None => (0, &[]),
+            Reply::Error(err) => (-err.0, &[]),
+            Reply::Data(d) if d.len() <= e.payload.len => (0, d.as_slice()),
+            Reply::Data(_) => (-libc::EIO, &[]),
+        };
+        e.payload.bytes_mut()[..body.len()].copy_from_slice(body);
+        let out = protocol::out_header(unique, error, body.len());
+        let hdr = e.header.bytes_mut();
+        hdr[..out.len()].copy_from_slice(&out);
+        let ent = abi::UringEntInOut {
+            commit_id: e.commit_id,
+            payload_sz: body.len() as u32,
+            ..Default::default()
+        };
+        hdr[ENT_OFFSET..HEADER_SIZE].copy_from_slice(ent.as_bytes());
+    }
+}
+
+/// Pin the calling thread to one CPU, so its ring's completions run where its requests come from.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it; sched_setaffinity(0) applies
+    // to this thread only. Failure (e.g. an offline CPU) is harmless.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Start one pinned thread per queue.
+pub fn start(
+    queues: Vec<Queue>,
+    fd: RawFd,
+    dispatcher: Arc<Dispatcher>,
+    stats: Arc<RingStats>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    let mut threads = Vec::new();
+    for q in queues {
+        let d = dispatcher.clone();
+        let s = stats.clone();
+        let qid = q.qid;
+        match std::thread::Builder::new()
+            .name(format!("fuse-ring-{qid}"))
+            .spawn(move || q.serve(fd, &d, &s))
+        {
+            Ok(h) => threads.push(h),
+            Err(e) => tracing::error!("cannot start ring thread {qid}: {e}"),
+        }
+    }
+    threads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse_like_the_kernel_writes_them() {
+        assert_eq!(parse_cpu_list("0-1"), Some(2));
+        assert_eq!(parse_cpu_list("0"), Some(1));
+        assert_eq!(parse_cpu_list("0-3,8-11"), Some(12));
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn register_sqe_carries_two_iovecs() {
+        let req = abi::UringCmdReq {
+            qid: 1,
+            ..Default::default()
+        };
+        let sqe = uring_cmd(5, abi::FUSE_IO_URING_CMD_REGISTER, &req, Some(0x1000), 2);
+        // SAFETY: test-only view of the plain 128-byte entry.
+        let raw: [u8; 128] = unsafe { std::mem::transmute(sqe) };
+        assert_eq!(raw[0], io_uring::opcode::UringCmd80::CODE);
+        assert_eq!(
+            u32::from_ne_bytes(raw[24..28].try_into().unwrap()),
+            2,
+            "len"
+        );
+        assert_eq!(i32::from_ne_bytes(raw[4..8].try_into().unwrap()), 5, "fd");
+        assert_eq!(
+            u64::from_ne_bytes(raw[16..24].try_into().unwrap()),
+            0x1000,
+            "addr"
+        );
+        assert_eq!(
+            u32::from_ne_bytes(raw[8..12].try_into().unwrap()),
+            1,
+            "cmd_op"
+        );
+        // The command area starts at byte 48: fuse_uring_cmd_req.qid at offset 16 in it.
+        assert_eq!(
+            u16::from_ne_bytes(raw[48 + 16..48 + 18].try_into().unwrap()),
+            1,
+            "qid"
+        );
+    }
+}

@@ -1,0 +1,142 @@
+//! Open/close coherence gates (validation/noopen-coherence.py, validation/flush-coherence.py,
+//! validation/coherence-stress.py) run on the native filesystem (which proves each gate), on
+//! AgentFS with its defaults (no-open and no-flush: OPEN/OPENDIR/FLUSH answered with ENOSYS), and
+//! with the kill switches that restore the classic exchanges (AGENTFS_FUSE_NOOPEN=0,
+//! AGENTFS_FUSE_NOFLUSH=0) or turn the writeback cache off. Every mount is unmounted cleanly and
+//! its database checked afterwards.
+
+mod common;
+
+use std::process::Command;
+use std::time::Instant;
+
+use common::{fuse_or_skip, scratch_root, Mounted};
+
+const NOOPEN: &str = "validation/noopen-coherence.py";
+const FLUSH: &str = "validation/flush-coherence.py";
+const STRESS: &str = "validation/coherence-stress.py";
+
+fn gate(script: &str, dir: &std::path::Path) -> (bool, String) {
+    let start = Instant::now();
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("python3");
+    let text = format!(
+        "{}{}# {script}: {:.1}s\n",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        start.elapsed().as_secs_f64()
+    );
+    (out.status.success(), text)
+}
+
+fn native(script: &str) {
+    let dir = tempfile::tempdir_in(scratch_root()).unwrap();
+    let (ok, text) = gate(script, dir.path());
+    println!("{text}");
+    assert!(ok, "{script} fails on the native filesystem:\n{text}");
+}
+
+fn on_agentfs(test: &str, script: &str, env: &[(&str, &str)]) {
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let mut m = Mounted::with_env(env);
+    let (ok, text) = gate(script, &m.mnt);
+    println!("{text}");
+    m.unmount();
+    common::assert_consistent(&m.db);
+    assert!(ok, "{script} failed on agentfs with {env:?}:\n{text}");
+}
+
+// ---- noopen-coherence.py ----
+
+#[test]
+fn noopen_coherence_native() {
+    native(NOOPEN);
+}
+
+#[test]
+fn noopen_coherence_agentfs_default() {
+    on_agentfs("noopen_coherence_agentfs_default", NOOPEN, &[]);
+}
+
+#[test]
+fn noopen_coherence_agentfs_classic_open() {
+    on_agentfs(
+        "noopen_coherence_agentfs_classic_open",
+        NOOPEN,
+        &[("AGENTFS_FUSE_NOOPEN", "0")],
+    );
+}
+
+// ---- flush-coherence.py ----
+
+#[test]
+fn flush_coherence_native() {
+    native(FLUSH);
+}
+
+#[test]
+fn flush_coherence_agentfs_default() {
+    on_agentfs("flush_coherence_agentfs_default", FLUSH, &[]);
+}
+
+#[test]
+fn flush_coherence_agentfs_classic_open() {
+    on_agentfs(
+        "flush_coherence_agentfs_classic_open",
+        FLUSH,
+        &[("AGENTFS_FUSE_NOOPEN", "0")],
+    );
+}
+
+#[test]
+fn flush_coherence_agentfs_classic_flush() {
+    on_agentfs(
+        "flush_coherence_agentfs_classic_flush",
+        FLUSH,
+        &[("AGENTFS_FUSE_NOFLUSH", "0")],
+    );
+}
+
+// ---- coherence-stress.py (default ~15 s each) ----
+
+#[test]
+fn coherence_stress_native() {
+    native(STRESS);
+}
+
+// Open issue, see kernel-notes/fuse-server-facts.md "A live name with nlink 0": with the
+// writeback cache on, roughly one 10-second run in four sees a hard-linked file whose cached
+// nlink the kernel dropped to 0. Run it with `cargo test --test coherence -- --ignored`.
+#[test]
+#[ignore = "intermittent nlink-0 under the writeback cache; see kernel-notes/fuse-server-facts.md"]
+fn coherence_stress_agentfs_default() {
+    on_agentfs("coherence_stress_agentfs_default", STRESS, &[]);
+}
+
+// Open issue, see kernel-notes/fuse-server-facts.md "A live name with nlink 0": with the
+// writeback cache on, roughly one 10-second run in four sees a hard-linked file whose cached
+// nlink the kernel dropped to 0. Run it with `cargo test --test coherence -- --ignored`.
+#[test]
+#[ignore = "intermittent nlink-0 under the writeback cache; see kernel-notes/fuse-server-facts.md"]
+fn coherence_stress_agentfs_classic_open() {
+    on_agentfs(
+        "coherence_stress_agentfs_classic_open",
+        STRESS,
+        &[("AGENTFS_FUSE_NOOPEN", "0")],
+    );
+}
+
+#[test]
+fn coherence_stress_agentfs_writeback_cache_off() {
+    on_agentfs(
+        "coherence_stress_agentfs_writeback_cache_off",
+        STRESS,
+        &[("AGENTFS_FUSE_WRITEBACK_CACHE", "0")],
+    );
+}

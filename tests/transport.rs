@@ -1,0 +1,166 @@
+//! Both transports, proven from the kernel's side. The module parameter enable_uring is global,
+//! so these tests hold a lock file while they set it, and restore it afterwards.
+
+mod common;
+
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+use common::{fuse_or_skip, Mounted};
+
+const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Holds the lock and the parameter's old value; restores it when dropped.
+struct UringParam {
+    old: String,
+    _lock: fs::File,
+}
+
+impl UringParam {
+    fn set(value: &str) -> Option<Self> {
+        let lock = fs::File::create(std::env::temp_dir().join("agentfs-enable-uring.lock")).ok()?;
+        // SAFETY: flock on an fd owned by `lock`.
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+        let old = fs::read_to_string(PARAM).ok()?.trim().to_string();
+        fs::write(PARAM, value).ok()?;
+        Some(UringParam { old, _lock: lock })
+    }
+}
+
+impl Drop for UringParam {
+    fn drop(&mut self) {
+        let _ = fs::write(PARAM, &self.old);
+    }
+}
+
+/// Sum of the CQ heads of the server's io_uring instances, from /proc/PID/fdinfo: the kernel's
+/// own count of completions it delivered on the rings.
+fn ring_completions(pid: u32) -> (usize, u64) {
+    let mut rings = 0;
+    let mut total = 0;
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return (0, 0);
+    };
+    for fd in fds.flatten() {
+        let target = fs::read_link(fd.path()).unwrap_or_default();
+        if !target.to_string_lossy().contains("io_uring") {
+            continue;
+        }
+        rings += 1;
+        let info = fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            fd.file_name().to_string_lossy()
+        ))
+        .unwrap_or_default();
+        for line in info.lines() {
+            if let Some(v) = line.strip_prefix("CqHead:") {
+                total += v.trim().parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    (rings, total)
+}
+
+fn workload(root: &Path) {
+    fs::create_dir(root.join("w")).unwrap();
+    for i in 0..200 {
+        fs::write(root.join(format!("w/f{i}")), vec![i as u8; 5000]).unwrap();
+    }
+    for i in 0..200 {
+        assert_eq!(
+            fs::read(root.join(format!("w/f{i}"))).unwrap(),
+            vec![i as u8; 5000]
+        );
+    }
+    assert_eq!(fs::read_dir(root.join("w")).unwrap().count(), 200);
+}
+
+fn status_line(pid: u32) -> String {
+    let out = common::agentfs(&["status"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with(&pid.to_string()))
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn gate(mnt: &Path) {
+    let out = std::process::Command::new("python3")
+        .args(["validation/posix_gate.py", "--quick", mnt.to_str().unwrap()])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "posix gate:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_ring_carries_the_requests_when_the_kernel_offers_it() {
+    if !fuse_or_skip("the_ring_carries_the_requests_when_the_kernel_offers_it") {
+        return;
+    }
+    let Some(_param) = UringParam::set("Y") else {
+        assert!(!agentfs::knobs::get().require_fuse, "cannot set {PARAM}");
+        eprintln!("SKIP: {PARAM} not writable (kernel without FUSE_IO_URING)");
+        return;
+    };
+    let mut m = Mounted::new();
+    let pid = m.server_pid();
+    let (rings, before) = ring_completions(pid);
+    assert!(rings >= 1, "the server holds io_uring instances");
+    workload(&m.mnt);
+    gate(&m.mnt);
+    let (_, after) = ring_completions(pid);
+    assert!(
+        after >= before + 400,
+        "ring completions went {before} -> {after}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let line = status_line(pid);
+    assert!(line.contains("io-uring"), "status reports the ring: {line}");
+    m.unmount();
+    common::assert_consistent(&m.db);
+}
+
+#[test]
+fn dev_fuse_serves_everything_when_the_ring_is_off() {
+    if !fuse_or_skip("dev_fuse_serves_everything_when_the_ring_is_off") {
+        return;
+    }
+    let Some(_param) = UringParam::set("N") else {
+        eprintln!("SKIP: {PARAM} not writable");
+        return;
+    };
+    let mut m = Mounted::new();
+    let pid = m.server_pid();
+    workload(&m.mnt);
+    gate(&m.mnt);
+    assert_eq!(ring_completions(pid).0, 0, "no rings without enable_uring");
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let line = status_line(pid);
+    assert!(
+        line.contains("dev-fuse"),
+        "status reports /dev/fuse: {line}"
+    );
+    m.unmount();
+}
+
+#[test]
+fn the_kill_switch_keeps_dev_fuse_even_when_offered() {
+    if !fuse_or_skip("the_kill_switch_keeps_dev_fuse_even_when_offered") {
+        return;
+    }
+    let Some(_param) = UringParam::set("Y") else {
+        eprintln!("SKIP: {PARAM} not writable");
+        return;
+    };
+    let mut m = Mounted::with_env(&[("AGENTFS_FUSE_URING", "0")]);
+    workload(&m.mnt);
+    assert_eq!(ring_completions(m.server_pid()).0, 0);
+    m.unmount();
+}
