@@ -33,7 +33,7 @@ knob_table! {
         "How long a connection waits for a lock held by another process (e.g. an offline `agentfs fs` write).";
     batch: Bool = true, [0, 1], KillSwitch, "AGENTFS_BATCH",
         "Batch writes: acknowledge from memory, commit many inodes per transaction (0 = one SQLite transaction per WRITE).";
-    batch_window_ms: U64 = 5, [0, 10000], Policy, "AGENTFS_BATCH_WINDOW_MS",
+    batch_window_ms: U64 = 5, [0, 3600000], Policy, "AGENTFS_BATCH_WINDOW_MS",
         "Group-commit timer: pending bytes are committed at most this long after an inode's first pending write, in milliseconds.";
     batch_inode_trigger_kib: U64 = 8192, [4, 1048576], Policy, "AGENTFS_BATCH_INODE_TRIGGER_KIB",
         "Commit an inode at once (without waiting for the window) when it has this many KiB pending.";
