@@ -243,7 +243,13 @@ impl Dispatcher {
             | Operation::Releasedir { .. }
             | Operation::Flush { .. }
             | Operation::Access { .. } => Ok(empty()),
+            // fsync/fdatasync commit this inode's pending writes and end in a real fdatasync
+            // of the WAL (which also covers every namespace change committed before).
             Operation::Fsync { .. } | Operation::Fsyncdir { .. } => {
+                self.store.fsync(ino).map(|_| empty())
+            }
+            // syncfs(2): commit everything pending, then the barrier.
+            Operation::Unknown { opcode } if *opcode == abi::Opcode::Syncfs as u32 => {
                 self.store.sync().map(|_| empty())
             }
             Operation::Statfs => self

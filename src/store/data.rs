@@ -475,3 +475,190 @@ pub fn copy_range(
     }
     Ok(done)
 }
+
+/// Read up to `len` bytes at `off` as if the file were at least `min_size` long (pending
+/// writes beyond the stored size): the part past the stored bytes reads as zeros, for the
+/// caller to overlay.
+pub fn read_sized(
+    c: &Connection,
+    cfg: &FsConfig,
+    ino: Ino,
+    off: u64,
+    len: u64,
+    min_size: u64,
+) -> Result<Vec<u8>, Errno> {
+    let f = load(c, ino)?;
+    let size = f.meta.size.max(min_size);
+    if off >= size || len == 0 {
+        return Ok(Vec::new());
+    }
+    let end = off.saturating_add(len).min(size);
+    let mut buf = vec![0u8; usize_of(end - off)?];
+    match &f.inline {
+        Some(bytes) => {
+            let have = (bytes.len() as u64).min(f.meta.size).min(end);
+            if off < have {
+                buf[..(have - off) as usize].copy_from_slice(&bytes[off as usize..have as usize]);
+            }
+        }
+        None => {
+            let stored_end = f.meta.size.min(end);
+            if off < stored_end {
+                read_chunks(
+                    c,
+                    cfg.chunk_size,
+                    ino,
+                    off,
+                    &mut buf[..(stored_end - off) as usize],
+                )?;
+            }
+        }
+    }
+    Ok(buf)
+}
+
+/// Whether `pieces` (in offset order) together with the first `size` bytes leave no gap.
+fn dense(size: u64, pieces: &[(u64, &[u8])]) -> bool {
+    let mut covered = size;
+    for (o, d) in pieces {
+        if *o > covered {
+            return false;
+        }
+        covered = covered.max(o + d.len() as u64);
+    }
+    true
+}
+
+/// Commit pending writes of one inode (the batcher's group commit): `pieces` are
+/// non-overlapping and in offset order. Returns false, writing nothing, when the inode no
+/// longer exists (reaped while its bytes were pending) or is not a regular file.
+///
+/// Layout: an inline file stays inline while the result is dense and within
+/// inline_threshold; otherwise it spills to chunks. A chunk the pieces cover entirely (up to
+/// EOF for the last one) is written blind, never read; a partly covered chunk is read once,
+/// merged with every piece that touches it, and written once.
+/// Times: mtime becomes `mtime` when given; ctime becomes at least `ctime`.
+pub fn write_extents(
+    c: &Connection,
+    cfg: &FsConfig,
+    ino: Ino,
+    pieces: &[(u64, &[u8])],
+    mtime: Option<Timespec>,
+    ctime: Timespec,
+) -> Result<bool, Errno> {
+    let f = match load(c, ino) {
+        Ok(f) => f,
+        Err(e) if e == Errno::ENOENT || e == Errno::EISDIR || e == Errno::EINVAL => {
+            return Ok(false)
+        }
+        Err(e) => return Err(e),
+    };
+    let size = f.meta.size;
+    let mut max_end = size;
+    for (o, d) in pieces {
+        let e = o
+            .checked_add(d.len() as u64)
+            .filter(|e| *e <= MAX_FILE_SIZE)
+            .ok_or(Errno::EFBIG)?;
+        max_end = max_end.max(e);
+    }
+    let new_size = max_end;
+    let cs = cfg.chunk_size;
+    match f.inline {
+        Some(mut bytes) if new_size <= cfg.inline_threshold && dense(size, pieces) => {
+            bytes.resize(usize_of(size)?, 0);
+            bytes.resize(usize_of(new_size)?, 0);
+            for (o, d) in pieces {
+                bytes[*o as usize..*o as usize + d.len()].copy_from_slice(d);
+            }
+            set_inline(c, ino, &bytes)?;
+        }
+        Some(bytes) => {
+            spill(c, cs, ino, &bytes, size)?;
+            write_pieces(c, cs, ino, pieces, new_size)?;
+            set_size(c, ino, new_size)?;
+        }
+        None => {
+            write_pieces(c, cs, ino, pieces, new_size)?;
+            if new_size != size {
+                set_size(c, ino, new_size)?;
+            }
+        }
+    }
+    c.prepare_cached(
+        "UPDATE fs_inode SET
+           mtime = coalesce(?2, mtime), mtime_nsec = coalesce(?3, mtime_nsec),
+           ctime = CASE WHEN (ctime, ctime_nsec) < (?4, ?5) THEN ?4 ELSE ctime END,
+           ctime_nsec = CASE WHEN (ctime, ctime_nsec) < (?4, ?5) THEN ?5 ELSE ctime_nsec END
+         WHERE ino = ?1",
+    )?
+    .execute((
+        sql_ino(ino)?,
+        mtime.map(|t| t.sec),
+        mtime.map(|t| t.nsec),
+        ctime.sec,
+        ctime.nsec,
+    ))?;
+    Ok(true)
+}
+
+/// Write pieces into chunk rows, one put per touched chunk (see [`write_extents`]).
+fn write_pieces(
+    c: &Connection,
+    cs: u64,
+    ino: Ino,
+    pieces: &[(u64, &[u8])],
+    new_size: u64,
+) -> Result<(), Errno> {
+    // (chunk index, offset within the chunk, bytes) in ascending order.
+    let mut parts: Vec<(u64, usize, &[u8])> = Vec::new();
+    for (o, d) in pieces {
+        let mut pos = *o;
+        let mut rest = *d;
+        while !rest.is_empty() {
+            let at = (pos % cs) as usize;
+            let n = rest.len().min(cs as usize - at);
+            parts.push((pos / cs, at, &rest[..n]));
+            pos += n as u64;
+            rest = &rest[n..];
+        }
+    }
+    let mut i = 0;
+    while i < parts.len() {
+        let idx = parts[i].0;
+        let mut j = i;
+        while j < parts.len() && parts[j].0 == idx {
+            j += 1;
+        }
+        let group = &parts[i..j];
+        let limit = (new_size - idx * cs).min(cs) as usize;
+        let mut covered = 0usize;
+        for (_, at, d) in group {
+            if *at > covered {
+                break;
+            }
+            covered = covered.max(at + d.len());
+        }
+        let mut row = if covered >= limit {
+            vec![0u8; limit]
+        } else {
+            let mut old = get_chunk(c, ino, idx)?.unwrap_or_default();
+            old.truncate(limit);
+            let need = group
+                .iter()
+                .map(|(_, at, d)| at + d.len())
+                .max()
+                .unwrap_or(0);
+            if old.len() < need {
+                old.resize(need, 0);
+            }
+            old
+        };
+        for (_, at, d) in group {
+            row[*at..at + d.len()].copy_from_slice(d);
+        }
+        put_chunk(c, ino, idx, &row)?;
+        i = j;
+    }
+    Ok(())
+}

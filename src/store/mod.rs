@@ -4,6 +4,8 @@
 //! and a pool of read connections (WAL lets readers proceed while the writer commits).
 //! Durability: commits run with `synchronous=NORMAL`; [`Store::sync`] is the barrier that makes
 //! every committed transaction durable (a real fdatasync of the WAL), see SPEC.md "Durability".
+//! With batching on (`AGENTFS_BATCH`, the default) a WRITE is acknowledged from memory and
+//! committed by group commit ([`batch`]); [`Store::fsync`] and [`Store::sync`] commit first.
 //!
 //! Lookup-reference lifecycle: the store does not count kernel references. Operations that can
 //! drop an inode's last name (unlink, rmdir, rename over a target) ask a [`Liveness`] whether the
@@ -12,12 +14,14 @@
 //! [`Store::reap_orphans`] when a mount starts.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use crate::errno::Errno;
 
 pub mod backup;
+pub mod batch;
 mod check;
 mod conn;
 mod copy;
@@ -49,8 +53,8 @@ impl Ino {
     pub const ROOT: Ino = Ino(1);
 }
 
-/// Seconds and nanoseconds since the epoch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// Seconds and nanoseconds since the epoch (ordered by time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct Timespec {
     pub sec: i64,
     pub nsec: u32,
@@ -205,18 +209,103 @@ pub enum StoreError {
     },
 }
 
+/// The SQLite side of [`batch::Durability`]: a group commit is one transaction on the writer
+/// connection; the barrier is [`conn::Writer::sync`] (a real fdatasync of the WAL).
+pub struct SqliteDurability {
+    path: PathBuf,
+    config: FsConfig,
+    writer: Arc<Mutex<conn::Writer>>,
+}
+
+impl batch::Durability for SqliteDurability {
+    fn commit_batch(&self, batch: &[Arc<batch::InodeBatch>]) -> Result<(), Errno> {
+        self.writer.lock().transact(|c| {
+            for b in batch {
+                apply(c, &self.config, b)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn barrier(&self) -> Result<(), Errno> {
+        self.writer.lock().sync(&self.path)
+    }
+}
+
+/// Write all of a batch's bytes (false: the inode is gone, nothing written).
+fn apply(c: &rusqlite::Connection, cfg: &FsConfig, b: &batch::InodeBatch) -> Result<bool, Errno> {
+    let pieces: Vec<(u64, &[u8])> = b.extents.iter().collect();
+    data::write_extents(c, cfg, b.ino, &pieces, b.mtime, b.ctime)
+}
+
+/// The pieces of `b` below `size` (truncate trims the dead range instead of writing it).
+fn pieces_below(b: &batch::InodeBatch, size: u64) -> Vec<(u64, &[u8])> {
+    b.extents
+        .iter()
+        .filter(|(o, _)| *o < size)
+        .map(|(o, d)| (o, &d[..d.len().min((size - o) as usize)]))
+        .collect()
+}
+
+/// The pieces of `b` outside [lo, hi) (a punched hole drops the pending bytes it covers).
+fn pieces_outside(b: &batch::InodeBatch, lo: u64, hi: u64) -> Vec<(u64, &[u8])> {
+    let mut out = Vec::new();
+    for (o, d) in b.extents.iter() {
+        let e = o + d.len() as u64;
+        if e <= lo || o >= hi {
+            out.push((o, d));
+            continue;
+        }
+        if o < lo {
+            out.push((o, &d[..(lo - o) as usize]));
+        }
+        if e > hi {
+            out.push((hi, &d[(hi - o) as usize..]));
+        }
+    }
+    out
+}
+
+/// Fold pending writes into attributes read from the database: the size grows to the last
+/// pending byte, mtime is the last write's, ctime at least the last write's.
+fn merge_attr(a: &mut Attr, v: Option<batch::AttrView>) {
+    let Some(v) = v else {
+        return;
+    };
+    if a.mode & libc::S_IFMT != libc::S_IFREG {
+        return;
+    }
+    a.size = a.size.max(v.end);
+    if let Some(m) = v.mtime {
+        a.mtime = m;
+    }
+    a.ctime = a.ctime.max(v.ctime);
+    let stored = a.blocks.saturating_mul(512);
+    a.blocks = a
+        .blocks
+        .max(stored.saturating_add(v.bytes).min(a.size).div_ceil(512));
+}
+
+/// Optimistic attempts of a reader before it reads with the pending map locked.
+const OPTIMISTIC_TRIES: usize = 3;
+
 /// An open database. `Send + Sync`: share it through an `Arc`.
 ///
-/// Lock order: the writer mutex, then (briefly, never while waiting on SQLite) the pool's idle
-/// list. No store lock is held while a [`Liveness`] is consulted except the writer mutex, so a
+/// Lock order: a batch claim ([`batch::Batcher::claim`], taken in ascending inode order)
+/// before the writer mutex; the writer mutex, then (briefly, never while waiting on SQLite)
+/// the pool's idle list. The batcher's state lock is never held while waiting for the writer.
+/// No store lock is held while a [`Liveness`] is consulted except the writer mutex, so a
 /// `Liveness` must not call back into the store.
 pub struct Store {
     path: PathBuf,
     config: FsConfig,
     /// The one writer connection (`None` for a read-only open). Holding the mutex is the right
     /// to run a write transaction: every mutation is exactly one BEGIN IMMEDIATE ... COMMIT
-    /// under it, and [`Store::sync`] holds it so no commit races the barrier.
-    writer: Option<Mutex<conn::Writer>>,
+    /// under it, and [`Store::sync`] holds it so no commit races the barrier. Shared with the
+    /// batcher's [`SqliteDurability`].
+    writer: Option<Arc<Mutex<conn::Writer>>>,
+    /// The write batcher (`None`: read-only, or `AGENTFS_BATCH=0`: one transaction per WRITE).
+    batch: Option<Arc<batch::Batcher<SqliteDurability>>>,
     /// Read-only connections for lookups, attribute and data reads.
     readers: conn::Pool,
     /// Whether fs_xattr exists (a read-only open of a foreign database may lack it).
@@ -236,6 +325,17 @@ impl Store {
     /// modifying them. Honours the chunk_size and inline_threshold recorded in fs_config.
     /// A writable open switches the file to WAL and adds missing extension objects.
     pub fn open(path: &Path, readonly: bool) -> Result<Store, StoreError> {
+        let k = crate::knobs::get();
+        let batching = k.batch.then(|| batch::BatchConfig::from_knobs(k));
+        Self::open_with(path, readonly, batching)
+    }
+
+    /// [`Store::open`] with an explicit batching policy (`None`: one transaction per write).
+    pub fn open_with(
+        path: &Path,
+        readonly: bool,
+        batching: Option<batch::BatchConfig>,
+    ) -> Result<Store, StoreError> {
         let config = schema::inspect(path)?;
         let sqlite = |source| StoreError::Sqlite {
             path: path.display().to_string(),
@@ -246,7 +346,25 @@ impl Store {
         } else {
             let w = conn::Writer::open(path).map_err(sqlite)?;
             schema::ensure_extensions(&w.conn).map_err(sqlite)?;
-            Some(Mutex::new(w))
+            Some(Arc::new(Mutex::new(w)))
+        };
+        let batch = match (&writer, batching) {
+            (Some(w), Some(cfg)) => {
+                let b = batch::Batcher::new(
+                    SqliteDurability {
+                        path: path.to_path_buf(),
+                        config,
+                        writer: w.clone(),
+                    },
+                    cfg,
+                );
+                b.start().map_err(|source| StoreError::Io {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+                Some(b)
+            }
+            _ => None,
         };
         let readers = conn::Pool::new(path);
         let xattrs = readers
@@ -259,9 +377,20 @@ impl Store {
             path: path.to_path_buf(),
             config,
             writer,
+            batch,
             readers,
             xattrs,
         })
+    }
+
+    /// Whether writes are batched.
+    pub fn batching(&self) -> bool {
+        self.batch.is_some()
+    }
+
+    /// Acknowledged bytes not yet committed.
+    pub fn pending_bytes(&self) -> u64 {
+        self.batch.as_ref().map_or(0, |b| b.pending_bytes())
     }
 
     /// The layout recorded in fs_config.
@@ -291,21 +420,108 @@ impl Store {
         self.readers.read(f)
     }
 
-    /// The entry `name` in directory `parent`: ENOENT, ENOTDIR (parent), ENAMETOOLONG.
-    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
-        self.read_tx(|c| dir::lookup(c, &self.config, parent, name))
+    /// Read attributes from the database and fold pending writes into them, consistently:
+    /// if bytes left the pending map during the database read, try again, and in the end read
+    /// with the map locked.
+    fn with_pending_attrs<T>(
+        &self,
+        read: impl Fn() -> Result<T, Errno>,
+        attrs: impl Fn(&mut T) -> Vec<&mut Attr>,
+    ) -> Result<T, Errno> {
+        let Some(b) = &self.batch else {
+            return read();
+        };
+        for _ in 0..OPTIMISTIC_TRIES {
+            let v0 = b.version();
+            let mut out = read()?;
+            let (v1, ok) = b.view(|view| {
+                for a in attrs(&mut out) {
+                    merge_attr(a, view.attr(a.ino));
+                }
+            });
+            let () = ok;
+            if v0 == v1 {
+                return Ok(out);
+            }
+        }
+        b.locked(|view| {
+            let mut out = read()?;
+            for a in attrs(&mut out) {
+                merge_attr(a, view.attr(a.ino));
+            }
+            Ok(out)
+        })
     }
 
-    /// An inode's attributes (orphans included); ENOENT if it does not exist.
+    /// The entry `name` in directory `parent`: ENOENT, ENOTDIR (parent), ENAMETOOLONG.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+        self.with_pending_attrs(
+            || self.read_tx(|c| dir::lookup(c, &self.config, parent, name)),
+            |a| vec![a],
+        )
+    }
+
+    /// An inode's attributes (orphans included); ENOENT if it does not exist. Pending writes
+    /// count (size, times).
     pub fn getattr(&self, ino: Ino) -> Result<Attr, Errno> {
-        self.read_tx(|c| inode::attr_of(c, &self.config, ino))
+        self.with_pending_attrs(
+            || self.read_tx(|c| inode::attr_of(c, &self.config, ino)),
+            |a| vec![a],
+        )
+    }
+
+    /// Claim the pending bytes of `inos` (ascending, each once), run `f` with them in one
+    /// write transaction, then finish the claims: committed if `f` succeeded and wrote them
+    /// (`commits`), put back otherwise.
+    fn with_claims<T>(
+        &self,
+        inos: &[Ino],
+        commits: bool,
+        clear_mtime: bool,
+        f: impl FnOnce(&rusqlite::Connection, &[Arc<batch::InodeBatch>]) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        let Some(b) = &self.batch else {
+            return self.write_tx(|c| f(c, &[]));
+        };
+        let mut sorted = inos.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let claims: Vec<_> = sorted.iter().filter_map(|i| b.claim(*i)).collect();
+        let out = self.write_tx(|c| f(c, &claims));
+        for cl in &claims {
+            let how = if out.is_ok() && commits {
+                batch::Finish::Committed
+            } else {
+                batch::Finish::Restore {
+                    clear_mtime: out.is_ok() && clear_mtime,
+                }
+            };
+            b.finish(cl, how);
+        }
+        out
     }
 
     /// Change the fields present in `set` in one transaction. A size change truncates or
     /// extends (EISDIR on directories, EINVAL on other non-regular files) and sets mtime;
-    /// ctime becomes `set.ctime` or now whenever anything is set.
+    /// ctime becomes `set.ctime` or now whenever anything is set. Pending writes of the inode
+    /// are committed in the same transaction when the size changes (trimmed to the new size),
+    /// and kept pending otherwise (an explicit mtime then wins over theirs).
     pub fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr, Errno> {
-        self.write_tx(|c| stat::setattr(c, &self.config, ino, set, inode::now()))
+        let cfg = &self.config;
+        let sized = set.size.is_some();
+        let mut a = self.with_claims(&[ino], sized, set.mtime.is_some(), |c, claims| {
+            if let Some(size) = set.size {
+                for b in claims {
+                    let pieces = pieces_below(b, size);
+                    data::write_extents(c, cfg, b.ino, &pieces, b.mtime, b.ctime)?;
+                }
+            }
+            stat::setattr(c, cfg, ino, set, inode::now())
+        })?;
+        if let Some(b) = &self.batch {
+            b.view(|v| merge_attr(&mut a, v.attr(ino)));
+        }
+        Ok(a)
     }
 
     /// A symlink's target; EINVAL if `ino` is not a symlink.
@@ -359,13 +575,32 @@ impl Store {
 
     /// A new name for `ino`; EPERM on directories, ENOENT for an unlinked inode.
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr, Errno> {
-        self.write_tx(|c| namespace::link(c, &self.config, ino, newparent, newname, inode::now()))
+        let mut a = self.write_tx(|c| {
+            namespace::link(c, &self.config, ino, newparent, newname, inode::now())
+        })?;
+        if let Some(b) = &self.batch {
+            b.view(|v| merge_attr(&mut a, v.attr(ino)));
+        }
+        Ok(a)
+    }
+
+    /// Drop the pending bytes of an inode a transaction just deleted.
+    fn discard_dead(&self, dead: Option<Ino>) {
+        if let (Some(b), Some(ino)) = (&self.batch, dead) {
+            b.discard(ino);
+        }
     }
 
     /// Remove a non-directory name (EISDIR on directories). If it was the last name, `live`
     /// decides inside the transaction whether the rows stay as an orphan.
     pub fn unlink(&self, parent: Ino, name: &[u8], live: &dyn Liveness) -> Result<(), Errno> {
-        self.write_tx(|c| namespace::remove(c, parent, name, false, live, inode::now()))
+        let dead = self.write_tx(|c| {
+            let victim = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
+            namespace::remove(c, parent, name, false, live, inode::now())?;
+            gone(c, victim)
+        })?;
+        self.discard_dead(dead);
+        Ok(())
     }
 
     /// Remove an empty directory: ENOTEMPTY, ENOTDIR, EINVAL for ".".
@@ -385,7 +620,11 @@ impl Store {
         flags: RenameFlags,
         live: &dyn Liveness,
     ) -> Result<(), Errno> {
-        self.write_tx(|c| {
+        let dead = self.write_tx(|c| {
+            let victim = inode::dentry(c, newparent, newname)
+                .ok()
+                .flatten()
+                .map(|d| d.1);
             namespace::rename(
                 c,
                 parent,
@@ -395,13 +634,21 @@ impl Store {
                 flags,
                 live,
                 inode::now(),
-            )
-        })
+            )?;
+            gone(c, victim)
+        })?;
+        self.discard_dead(dead);
+        Ok(())
     }
 
     /// Delete an orphan's rows if its nlink is 0 (no-op otherwise); call after the last FORGET.
     pub fn reap(&self, ino: Ino) -> Result<(), Errno> {
-        self.write_tx(|c| namespace::reap(c, ino))
+        let dead = self.write_tx(|c| {
+            namespace::reap(c, ino)?;
+            gone(c, Some(ino))
+        })?;
+        self.discard_dead(dead);
+        Ok(())
     }
 
     /// Delete every inode with nlink 0 (never the root); for mount start. Returns the count.
@@ -411,22 +658,100 @@ impl Store {
 
     /// Up to `size` bytes at `offset`: short at EOF, holes read as zeros; EISDIR on
     /// directories, EINVAL on other non-regular files. atime is not updated.
+    /// Pending writes (of this and every other writer) are visible at once.
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
-        self.read_tx(|c| data::read(c, &self.config, ino, offset, u64::from(size)))
+        let len = u64::from(size);
+        let cfg = &self.config;
+        let Some(b) = &self.batch else {
+            return self.read_tx(|c| data::read(c, cfg, ino, offset, len));
+        };
+        let merged = |view: Option<batch::ReadView>| -> Result<Vec<u8>, Errno> {
+            let Some(view) = view else {
+                return self.read_tx(|c| data::read(c, cfg, ino, offset, len));
+            };
+            let mut buf = self.read_tx(|c| data::read_sized(c, cfg, ino, offset, len, view.end))?;
+            for layer in &view.layers {
+                layer.overlay(offset, &mut buf);
+            }
+            Ok(buf)
+        };
+        for _ in 0..OPTIMISTIC_TRIES {
+            let (v0, view) = b.view(|v| v.read(ino, offset, len));
+            let none = view.is_none();
+            let buf = merged(view)?;
+            // With nothing pending there is nothing the database read could contradict.
+            if none || b.version() == v0 {
+                return Ok(buf);
+            }
+        }
+        b.locked(|v| merged(v.read(ino, offset, len)))
     }
 
-    /// Write `data` at `offset` in one transaction; extends the size, sets mtime and ctime.
+    /// Write `data` at `offset`; extends the size, sets mtime and ctime. Batched: acknowledged
+    /// once in the pending map (it may wait for the committer when the cap is reached).
+    /// Unbatched, or while a commit failure is unresolved: one transaction.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u32, Errno> {
-        self.write_tx(|c| data::write(c, &self.config, ino, offset, data, inode::now()))
+        let n = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
+        let cfg = &self.config;
+        match &self.batch {
+            Some(b) if !b.degraded() => {
+                offset
+                    .checked_add(data.len() as u64)
+                    .filter(|e| *e <= inode::MAX_FILE_SIZE)
+                    .ok_or(Errno::EFBIG)?;
+                b.write(ino, offset, data, inode::now());
+                Ok(n)
+            }
+            Some(b) => {
+                let out = self.with_claims(&[ino], true, false, |c, claims| {
+                    for cl in claims {
+                        apply(c, cfg, cl)?;
+                    }
+                    data::write(c, cfg, ino, offset, data, inode::now())
+                })?;
+                b.clear_degraded();
+                Ok(out)
+            }
+            None => self.write_tx(|c| data::write(c, cfg, ino, offset, data, inode::now())),
+        }
     }
 
     /// fallocate: mode 0 (extend size), KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE; else EOPNOTSUPP.
+    /// Pending writes are committed in the same transaction (minus a punched range).
     pub fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: u32) -> Result<(), Errno> {
-        self.write_tx(|c| data::fallocate(c, &self.config, ino, offset, length, mode, inode::now()))
+        let cfg = &self.config;
+        let punch = mode & libc::FALLOC_FL_PUNCH_HOLE as u32 != 0;
+        self.with_claims(&[ino], true, false, |c, claims| {
+            for b in claims {
+                let pieces = if punch {
+                    pieces_outside(b, offset, offset.saturating_add(length))
+                } else {
+                    b.extents.iter().collect()
+                };
+                data::write_extents(c, cfg, b.ino, &pieces, b.mtime, b.ctime)?;
+            }
+            data::fallocate(c, cfg, ino, offset, length, mode, inode::now())
+        })
     }
 
-    /// SEEK_DATA / SEEK_HOLE; ENXIO at or past EOF (or no data after `offset`).
+    /// Commit `ino`'s pending writes now (no barrier).
+    fn commit_inode(&self, ino: Ino) -> Result<(), Errno> {
+        if self.batch.is_none() {
+            return Ok(());
+        }
+        let cfg = &self.config;
+        self.with_claims(&[ino], true, false, |c, claims| {
+            for b in claims {
+                apply(c, cfg, b)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// SEEK_DATA / SEEK_HOLE; ENXIO at or past EOF (or no data after `offset`). Pending writes
+    /// of the inode are committed first, so the chunk map is exact.
     pub fn lseek(&self, ino: Ino, offset: u64, whence: u32) -> Result<u64, Errno> {
+        self.commit_inode(ino)?;
         self.read_tx(|c| data::lseek(c, &self.config, ino, offset, whence))
     }
 
@@ -440,7 +765,11 @@ impl Store {
         off_out: u64,
         len: u64,
     ) -> Result<u64, Errno> {
-        self.write_tx(|c| {
+        let cfg = &self.config;
+        self.with_claims(&[ino_in, ino_out], true, false, |c, claims| {
+            for b in claims {
+                apply(c, cfg, b)?;
+            }
             data::copy_range(
                 c,
                 &self.config,
@@ -454,14 +783,28 @@ impl Store {
         })
     }
 
-    /// The durability barrier: returns after everything committed before the call is on
-    /// stable storage (an fdatasync of the -wal file, or of the main file when there is no
-    /// WAL). fsync, fdatasync, syncfs and unmount call this. A no-op on a read-only open.
+    /// The durability barrier for everything: commits every pending write, then returns after
+    /// everything committed is on stable storage (an fdatasync of the -wal file, or of the main
+    /// file when there is no WAL). syncfs and unmount call this. Reports a failed background
+    /// commit not reported by an earlier `sync`. A no-op on a read-only open.
     pub fn sync(&self) -> Result<(), Errno> {
+        if let Some(b) = &self.batch {
+            return b.sync_all();
+        }
         match &self.writer {
             Some(w) => w.lock().sync(&self.path),
             None => Ok(()),
         }
+    }
+
+    /// fsync/fdatasync of one inode: commits its pending writes, then the same barrier as
+    /// [`Store::sync`] (which also makes every other committed transaction durable). Reports a
+    /// failed background commit of this inode not reported by an earlier fsync.
+    pub fn fsync(&self, ino: Ino) -> Result<(), Errno> {
+        if let Some(b) = &self.batch {
+            return b.fsync(ino);
+        }
+        self.sync()
     }
 
     /// Up to `max_entries` entries after cookie `offset` ("." and ".." first).
@@ -486,7 +829,10 @@ impl Store {
         offset: u64,
         max_entries: usize,
     ) -> Result<Vec<(DirEntry, Attr)>, Errno> {
-        self.read_tx(|c| dir::list_plus(c, &self.config, ino, offset, max_entries))
+        self.with_pending_attrs(
+            || self.read_tx(|c| dir::list_plus(c, &self.config, ino, offset, max_entries)),
+            |v| v.iter_mut().map(|(_, a)| a).collect(),
+        )
     }
 
     /// Filesystem numbers from SQLite page counts, the inode sequence and the host filesystem;
@@ -547,9 +893,32 @@ impl Store {
         Ok(())
     }
 
-    /// Run the consistency checker; each [`Finding`] names its rule (the rule names are
+    /// Run the consistency checker (after committing pending writes); each [`Finding`] names its rule (the rule names are
     /// listed in SPEC.md "Consistency rules").
     pub fn check(&self) -> Result<Vec<Finding>, Errno> {
+        if let Some(b) = &self.batch {
+            b.flush_all()?;
+        }
         self.read_tx(|c| check::check(c, &self.config))
+    }
+}
+
+impl Drop for Store {
+    /// Stop the committer and commit what is pending (without a barrier: unmount has already
+    /// called [`Store::sync`]; an offline tool calls it itself).
+    fn drop(&mut self) {
+        if let Some(b) = &self.batch {
+            if let Err(e) = b.shutdown() {
+                tracing::error!("committing pending writes at close failed: {e}");
+            }
+        }
+    }
+}
+
+/// `victim` if the transaction deleted it (so its pending bytes must go).
+fn gone(c: &rusqlite::Connection, victim: Option<Ino>) -> Result<Option<Ino>, Errno> {
+    match victim {
+        Some(i) if inode::meta_opt(c, i)?.is_none() => Ok(Some(i)),
+        _ => Ok(None),
     }
 }

@@ -1,5 +1,6 @@
 //! Unit tests of the store (run with `cargo test --lib store`).
 
+mod batched;
 mod check_rules;
 mod data;
 mod durability;
@@ -83,7 +84,29 @@ impl Db {
     }
 }
 
+/// A database opened without batching: the storage-layer tests inspect rows right after
+/// each call. `batched.rs` and the model test cover the batched path.
 pub fn fresh_with(chunk_size: u64, inline_threshold: u64) -> Db {
+    fresh_cfg(chunk_size, inline_threshold, None)
+}
+
+/// A batching policy for tests: nothing commits on its own for a minute unless `window_ms`
+/// is small.
+pub fn batching(window_ms: u64) -> batch::BatchConfig {
+    batch::BatchConfig {
+        window: std::time::Duration::from_millis(window_ms),
+        inode_trigger: 1 << 30,
+        max_pending: 1 << 30,
+        txn_inodes: 1024,
+        txn_bytes: 1 << 30,
+    }
+}
+
+pub fn fresh_cfg(
+    chunk_size: u64,
+    inline_threshold: u64,
+    batching: Option<batch::BatchConfig>,
+) -> Db {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fs.db");
     Store::create(
@@ -95,7 +118,7 @@ pub fn fresh_with(chunk_size: u64, inline_threshold: u64) -> Db {
         },
     )
     .unwrap();
-    let store = Store::open(&path, false).unwrap();
+    let store = Store::open_with(&path, false, batching).unwrap();
     Db { dir, store }
 }
 

@@ -231,6 +231,7 @@ fn unstamped_foreign_v05_database_opens_with_its_layout() {
         .unwrap()
         .ino;
     s.write(f, 0, &pattern(10000, 3)).unwrap();
+    s.sync().unwrap(); // commit the batched write before looking at the rows
     let c = rusqlite::Connection::open(&p).unwrap();
     let rows: i64 = c
         .query_row(
