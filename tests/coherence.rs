@@ -15,6 +15,7 @@ use common::{fuse_or_skip, scratch_root, Mounted};
 const NOOPEN: &str = "validation/noopen-coherence.py";
 const FLUSH: &str = "validation/flush-coherence.py";
 const STRESS: &str = "validation/coherence-stress.py";
+const HARDLINK: &str = "validation/hardlink-race.py";
 
 fn gate(script: &str, dir: &std::path::Path) -> (bool, String) {
     let start = Instant::now();
@@ -110,20 +111,12 @@ fn coherence_stress_native() {
     native(STRESS);
 }
 
-// Open issue, see kernel-notes/fuse-server-facts.md "A live name with nlink 0": with the
-// writeback cache on, roughly one 10-second run in four sees a hard-linked file whose cached
-// nlink the kernel dropped to 0. Run it with `cargo test --test coherence -- --ignored`.
 #[test]
-#[ignore = "intermittent nlink-0 under the writeback cache; see kernel-notes/fuse-server-facts.md"]
 fn coherence_stress_agentfs_default() {
     on_agentfs("coherence_stress_agentfs_default", STRESS, &[]);
 }
 
-// Open issue, see kernel-notes/fuse-server-facts.md "A live name with nlink 0": with the
-// writeback cache on, roughly one 10-second run in four sees a hard-linked file whose cached
-// nlink the kernel dropped to 0. Run it with `cargo test --test coherence -- --ignored`.
 #[test]
-#[ignore = "intermittent nlink-0 under the writeback cache; see kernel-notes/fuse-server-facts.md"]
 fn coherence_stress_agentfs_classic_open() {
     on_agentfs(
         "coherence_stress_agentfs_classic_open",
@@ -139,4 +132,16 @@ fn coherence_stress_agentfs_writeback_cache_off() {
         STRESS,
         &[("AGENTFS_FUSE_WRITEBACK_CACHE", "0")],
     );
+}
+
+// ---- hardlink-race.py (10 s each): replies racing the kernel's own nlink drop ----
+
+#[test]
+fn hardlink_race_native() {
+    native(HARDLINK);
+}
+
+#[test]
+fn hardlink_race_agentfs_default() {
+    on_agentfs("hardlink_race_agentfs_default", HARDLINK, &[]);
 }

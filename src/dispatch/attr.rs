@@ -41,8 +41,9 @@ pub fn entry_out(a: &Attr, entry_ttl: Duration, attr_ttl: Duration) -> abi::Entr
     }
 }
 
-/// A READDIRPLUS record for "." or "..": node id 0, so the kernel takes no reference.
-pub fn dot_entry(a: &Attr) -> abi::EntryOut {
+/// A READDIRPLUS record the kernel lists but does not link (node id 0, no reference): "." and
+/// "..", and recent victims (see `victims`).
+pub fn unlinked_entry(a: &Attr) -> abi::EntryOut {
     abi::EntryOut {
         nodeid: 0,
         attr: fuse_attr(a),

@@ -6,6 +6,7 @@
 mod attr;
 mod refs;
 pub mod shards;
+mod victims;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -38,6 +39,8 @@ struct Ttls {
 pub struct Dispatcher {
     store: Arc<Store>,
     refs: LookupRefs,
+    /// Inodes that just lost one of several names (see `victims`).
+    victims: victims::RecentVictims,
     ttl: Ttls,
     knobs: Knobs,
     /// Set once by INIT, before any other request is served.
@@ -56,6 +59,7 @@ impl Dispatcher {
         Self {
             store,
             refs: LookupRefs::default(),
+            victims: victims::RecentVictims::default(),
             ttl: Ttls {
                 entry: Duration::from_millis(knobs.fuse_entry_ttl_ms),
                 attr: Duration::from_millis(knobs.fuse_attr_ttl_ms),
@@ -165,6 +169,8 @@ impl Dispatcher {
             flags,
         };
         let _ = self.negotiated.set(negotiated);
+        self.store
+            .set_kernel_owns_write_times(flags & abi::FUSE_WRITEBACK_CACHE != 0);
         (Reply::Data(reply::init(&out)), Some(negotiated))
     }
 
@@ -198,7 +204,7 @@ impl Dispatcher {
             Operation::Getattr { .. } => self
                 .store
                 .getattr(ino)
-                .map(|a| Reply::Data(reply::attr(&attr::attr_out(&a, self.ttl.attr)))),
+                .map(|a| Reply::Data(reply::attr(&attr::attr_out(&a, self.attr_ttl(a.ino))))),
             Operation::Setattr(s) => self.setattr(ino, s),
             Operation::Readlink => self.store.readlink(ino).map(Reply::Data),
             Operation::Symlink { name, target } => name_ok(name)
@@ -212,7 +218,13 @@ impl Dispatcher {
             Operation::Mkdir { name, mode, .. } => name_ok(name)
                 .and_then(|n| self.store.mkdir(ino, n, *mode, caller))
                 .map(|a| self.entry(a)),
-            Operation::Unlink { name } => self.store.unlink(ino, name, &self.refs).map(|_| empty()),
+            Operation::Unlink { name } => {
+                let victim = self.store.lookup(ino, name).ok();
+                self.store.unlink(ino, name, &self.refs).map(|_| {
+                    self.note_victim(victim);
+                    empty()
+                })
+            }
             Operation::Rmdir { name } => self.store.rmdir(ino, name, &self.refs).map(|_| empty()),
             Operation::Rename {
                 newdir,
@@ -336,8 +348,27 @@ impl Dispatcher {
         Reply::Data(reply::entry(&attr::entry_out(
             &a,
             self.ttl.entry,
-            self.ttl.attr,
+            self.attr_ttl(a.ino),
         )))
+    }
+
+    /// How long the kernel may cache `ino`'s attributes: not at all right after it lost one of
+    /// several names (see `victims`).
+    fn attr_ttl(&self, ino: Ino) -> Duration {
+        if self.victims.is_recent(ino) {
+            Duration::ZERO
+        } else {
+            self.ttl.attr
+        }
+    }
+
+    /// Record the target of a successful unlink or rename-over if it still has names.
+    fn note_victim(&self, victim: Option<crate::store::Attr>) {
+        if let Some(v) = victim {
+            if v.nlink > 1 && v.mode & libc::S_IFMT != libc::S_IFDIR {
+                self.victims.record(v.ino);
+            }
+        }
     }
 
     fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Reply, Errno> {
@@ -404,9 +435,15 @@ impl Dispatcher {
             noreplace: flags & libc::RENAME_NOREPLACE != 0,
             exchange: flags & libc::RENAME_EXCHANGE != 0,
         };
+        let victim = if f.exchange {
+            None
+        } else {
+            self.store.lookup(newparent, name_new).ok()
+        };
         self.store
-            .rename(parent, name, newparent, name_new, f, &self.refs)
-            .map(|_| empty())
+            .rename(parent, name, newparent, name_new, f, &self.refs)?;
+        self.note_victim(victim);
+        Ok(empty())
     }
 
     fn readdir(&self, ino: Ino, offset: u64, size: u32) -> Result<Reply, Errno> {
@@ -436,17 +473,19 @@ impl Dispatcher {
                 break;
             }
             for (e, a) in &batch {
-                let dot = e.name == b"." || e.name == b"..";
-                let out = if dot {
-                    // The kernel takes no reference for "." and ".."; node id 0 says so.
-                    attr::dot_entry(a)
+                // The kernel takes no reference for "." and ".." or for a record with node id
+                // 0, which we also send for a recent victim (see `victims`): the name is
+                // listed, its attributes are not applied.
+                let unlinked = e.name == b"." || e.name == b".." || self.victims.is_recent(a.ino);
+                let out = if unlinked {
+                    attr::unlinked_entry(a)
                 } else {
                     attr::entry_out(a, self.ttl.entry, self.ttl.attr)
                 };
                 if !buf.push(&out, e.offset, attr::dirent_type(e.kind), &e.name) {
                     return Ok(Reply::Data(buf.into_bytes()));
                 }
-                if !dot {
+                if !unlinked {
                     self.refs.add(a.ino, 1);
                 }
                 offset = e.offset;

@@ -451,7 +451,9 @@ impl<D: Durability> Batcher<D> {
 
     /// Acknowledge a write: its bytes join the pending map. Blocks while the global cap is
     /// reached (back-pressure). The caller has checked the range (EFBIG).
-    pub fn write(&self, ino: Ino, off: u64, data: &[u8], now: Timespec) {
+    /// `now`: the write's time for mtime/ctime, or None when the kernel keeps those itself
+    /// (writeback cache) and the write must not move them.
+    pub fn write(&self, ino: Ino, off: u64, data: &[u8], now: Option<Timespec>) {
         let len = data.len() as u64;
         if len == 0 {
             return;
@@ -468,7 +470,7 @@ impl<D: Durability> Batcher<D> {
             open: Extents::default(),
             inflight: None,
             mtime: None,
-            ctime: now,
+            ctime: now.unwrap_or_default(),
             since: Instant::now(),
         });
         if p.open.is_empty() {
@@ -477,8 +479,10 @@ impl<D: Durability> Batcher<D> {
         let before = p.open.bytes();
         p.open.insert(off, data);
         let after = p.open.bytes();
-        p.mtime = Some(now);
-        p.ctime = now;
+        if let Some(t) = now {
+            p.mtime = Some(t);
+            p.ctime = t;
+        }
         let hot = after >= self.cfg.inode_trigger;
         st.bytes = st.bytes + after - before;
         let urgent = hot || st.bytes >= self.cfg.max_pending / 2;

@@ -185,14 +185,15 @@ fn set_size(c: &Connection, ino: Ino, size: u64) -> Result<(), Errno> {
     Ok(())
 }
 
-/// Write `data` at `off`; extends the size; mtime and ctime become `now`.
+/// Write `data` at `off`; extends the size; mtime and ctime become `now` (None: the kernel
+/// keeps them, see [`super::Store::set_kernel_owns_write_times`]).
 pub fn write(
     c: &Connection,
     cfg: &FsConfig,
     ino: Ino,
     off: u64,
     data: &[u8],
-    now: Timespec,
+    now: Option<Timespec>,
 ) -> Result<u32, Errno> {
     let n = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
     let end = off
@@ -226,7 +227,9 @@ pub fn write(
             }
         }
     }
-    touch_mc(c, ino, now)?;
+    if let Some(t) = now {
+        touch_mc(c, ino, t)?;
+    }
     Ok(n)
 }
 
@@ -470,7 +473,7 @@ pub fn copy_range(
         if piece.is_empty() {
             break;
         }
-        write(c, cfg, ino_out, off_out + done, &piece, now)?;
+        write(c, cfg, ino_out, off_out + done, &piece, Some(now))?;
         done += piece.len() as u64;
     }
     Ok(done)

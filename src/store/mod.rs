@@ -310,6 +310,10 @@ pub struct Store {
     readers: conn::Pool,
     /// Whether fs_xattr exists (a read-only open of a foreign database may lack it).
     xattrs: bool,
+    /// Whether WRITE stamps mtime/ctime. False while the kernel's writeback cache keeps them:
+    /// it then sends its own times with SETATTR, and a WRITE arriving after that must not
+    /// move them (a cache drop would otherwise show a different mtime).
+    write_times: std::sync::atomic::AtomicBool,
 }
 
 impl Store {
@@ -380,7 +384,21 @@ impl Store {
             batch,
             readers,
             xattrs,
+            write_times: std::sync::atomic::AtomicBool::new(true),
         })
+    }
+
+    /// Let the kernel own mtime/ctime of written files (the FUSE writeback cache is on).
+    pub fn set_kernel_owns_write_times(&self, kernel: bool) {
+        self.write_times
+            .store(!kernel, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The time a WRITE stamps, or None when the kernel keeps the times.
+    fn write_stamp(&self) -> Option<Timespec> {
+        self.write_times
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(inode::now)
     }
 
     /// Whether writes are batched.
@@ -699,7 +717,7 @@ impl Store {
                     .checked_add(data.len() as u64)
                     .filter(|e| *e <= inode::MAX_FILE_SIZE)
                     .ok_or(Errno::EFBIG)?;
-                b.write(ino, offset, data, inode::now());
+                b.write(ino, offset, data, self.write_stamp());
                 Ok(n)
             }
             Some(b) => {
@@ -707,12 +725,12 @@ impl Store {
                     for cl in claims {
                         apply(c, cfg, cl)?;
                     }
-                    data::write(c, cfg, ino, offset, data, inode::now())
+                    data::write(c, cfg, ino, offset, data, self.write_stamp())
                 })?;
                 b.clear_degraded();
                 Ok(out)
             }
-            None => self.write_tx(|c| data::write(c, cfg, ino, offset, data, inode::now())),
+            None => self.write_tx(|c| data::write(c, cfg, ino, offset, data, self.write_stamp())),
         }
     }
 
