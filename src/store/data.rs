@@ -185,6 +185,20 @@ fn set_size(c: &Connection, ino: Ino, size: u64) -> Result<(), Errno> {
     Ok(())
 }
 
+/// Grow `ino` to at least `end` bytes (the new range reads as zeros); never shrinks.
+pub fn extend_to(
+    c: &Connection,
+    cfg: &FsConfig,
+    ino: Ino,
+    end: u64,
+    now: Timespec,
+) -> Result<(), Errno> {
+    if load(c, ino)?.meta.size < end {
+        truncate(c, cfg, ino, end, now)?;
+    }
+    Ok(())
+}
+
 /// Write `data` at `off`; extends the size; mtime and ctime become `now` (None: the kernel
 /// keeps them, see [`super::Store::set_kernel_owns_write_times`]).
 pub fn write(

@@ -747,6 +747,11 @@ impl Store {
                     b.extents.iter().collect()
                 };
                 data::write_extents(c, cfg, b.ino, &pieces, b.mtime, b.ctime)?;
+                // Punched-out pending bytes still extended the file: the size keeps their end.
+                let end = b.extents.iter().map(|(o, d)| o + d.len() as u64).max();
+                if let Some(end) = end {
+                    data::extend_to(c, cfg, b.ino, end, inode::now())?;
+                }
             }
             data::fallocate(c, cfg, ino, offset, length, mode, inode::now())
         })
