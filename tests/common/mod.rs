@@ -61,6 +61,16 @@ impl Mounted {
     }
 
     pub fn with_env(env: &[(&str, &str)]) -> Self {
+        Self::build(env, &[])
+    }
+
+    /// Like [`Mounted::new`] but the server runs under `wrapper` (its last word is followed by
+    /// the agentfs command line).
+    pub fn wrapped(wrapper: &[&str]) -> Self {
+        Self::build(&[], wrapper)
+    }
+
+    fn build(env: &[(&str, &str)], wrapper: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("agentfs-test-")
             .tempdir_in(scratch_root())
@@ -77,28 +87,6 @@ impl Mounted {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            wrapper: Vec::new(),
-        };
-        m.mount();
-        m
-    }
-
-    /// Like [`Mounted::new`] but the server runs under `wrapper` (its last word is followed by
-    /// the agentfs command line).
-    pub fn wrapped(wrapper: &[&str]) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("agentfs-test-")
-            .tempdir_in(scratch_root())
-            .expect("tempdir");
-        let db = dir.path().join("db.sqlite");
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).expect("mkdir mnt");
-        let mut m = Mounted {
-            dir,
-            db,
-            mnt,
-            server: None,
-            env: Vec::new(),
             wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
         };
         m.mount();
