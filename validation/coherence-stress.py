@@ -39,11 +39,13 @@ import os
 import random
 import re
 import shutil
-import signal
 import stat
 import sys
 import time
-import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gatekit.py, from any cwd
+from gatekit import collect, describe_exception, read_all, result_line, summary_line, write_all  # noqa: E402
+from gatekit import spawn as gatekit_spawn  # noqa: E402
 
 MODES = (0o600, 0o640, 0o644, 0o664, 0o700, 0o755)
 SIZES = (0, 1, 100, 4095, 4096, 4097, 10000, 65536, 70001, 200000)
@@ -76,21 +78,6 @@ def parse(data):
     if hashlib.sha256(body).hexdigest().encode() != m.group(4):
         raise ValueError("checksum mismatch (w=%d v=%d len=%d)" % (w, v, n))
     return w, v, n
-
-
-def write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def read_all(fd):
-    out = []
-    while True:
-        b = os.read(fd, 1 << 20)
-        if not b:
-            return b"".join(out)
-        out.append(b)
 
 
 # --------------------------------------------------------------------------
@@ -373,54 +360,9 @@ def reader(root, rid, args, stop_at):
 # --------------------------------------------------------------------------
 
 def spawn(fn):
-    """fork; fn() -> JSON value sent back on a pipe. Returns (pid, read fd)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            os.close(r)
-            try:
-                out = json.dumps({"value": fn()})
-            except BaseException as e:  # noqa: BLE001
-                tb = traceback.extract_tb(e.__traceback__)
-                where = next((f"line {fr.lineno}" for fr in reversed(tb) if fr.filename == __file__), "")
-                out = json.dumps({"error": "%s: %s (%s)" % (type(e).__name__, e, where)})
-                code = 1
-            data = out.encode()
-            while data:
-                data = data[os.write(w, data):]
-        finally:
-            os._exit(code)
-    os.close(w)
-    return pid, r
-
-
-def collect(pid, r, limit):
-    """Read the child's JSON result (deadline `limit` seconds from now), reap it."""
-    import select
-    buf = b""
-    end = time.monotonic() + limit
-    while True:
-        left = end - time.monotonic()
-        if left <= 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            os.close(r)
-            return None, "timed out (killed)"
-        ready, _, _ = select.select([r], [], [], left)
-        if ready:
-            b = os.read(r, 1 << 16)
-            if not b:
-                break
-            buf += b
-    os.close(r)
-    os.waitpid(pid, 0)
-    try:
-        res = json.loads(buf.decode())
-    except ValueError:
-        return None, "died without a result"
-    return (None, res["error"]) if "error" in res else (res["value"], None)
+    """fork; fn() -> JSON value sent back on a pipe. Returns (pid, read fd) for collect().
+    The child stays in our process group, so that ^C stops readers and writers too."""
+    return gatekit_spawn(fn, own_group=False, on_error=describe_exception)
 
 
 def compare(root, args, models):
@@ -549,10 +491,10 @@ def main(argv=None):
         except OSError as e:
             results.append((False, "stress.cleanup", str(e)))
     for ok, name, detail in results:
-        print("%s %s%s" % ("PASS" if ok else "FAIL", name, (": " + detail) if detail and not ok else ""))
+        print(result_line("PASS" if ok else "FAIL", name, "" if ok else detail))
     npass = sum(1 for ok, _, _ in results if ok)
     nfail = len(results) - npass
-    print("%d passed, %d failed" % (npass, nfail), flush=True)
+    print(summary_line(npass, nfail), flush=True)
     print("# %.1fs" % (time.monotonic() - t0), file=sys.stderr, flush=True)
     return 0 if nfail == 0 else 1
 

@@ -19,428 +19,21 @@ forked peer talking to the check over a socketpair. Output: "PASS name" / "FAIL 
 Standard library only (Python 3.11).
 """
 
-import argparse
 import errno
-import json
 import mmap
 import os
-import pickle
-import random
-import select
-import shutil
-import signal
-import socket
 import stat
-import struct
 import sys
 import time
-import traceback
 
-# --------------------------------------------------------------------------
-# Harness (same shape as posix_gate.py)
-# --------------------------------------------------------------------------
-
-CHECKS = []
-DEFAULT_TIMEOUT = 60.0
-
-
-def check(name, timeout=DEFAULT_TIMEOUT):
-    def deco(fn):
-        if any(n == name for n, _, _ in CHECKS):
-            raise RuntimeError("duplicate check name " + name)
-        CHECKS.append((name, fn, timeout))
-        return fn
-    return deco
-
-
-class Skip(Exception):
-    pass
-
-
-class Failed(AssertionError):
-    pass
-
-
-class Ctx:
-    def __init__(self, directory):
-        self.dir = directory
-
-    def p(self, *parts):
-        return os.path.join(self.dir, *parts)
-
-
-def ename(n):
-    return errno.errorcode.get(n, str(n)) if n is not None else "success"
-
-
-def fail(msg):
-    raise Failed(msg)
-
-
-def expect(cond, msg):
-    if not cond:
-        fail(msg)
-
-
-def describe_bytes_diff(actual, expected):
-    if len(actual) != len(expected):
-        n = min(len(actual), len(expected))
-        first = next((i for i in range(n) if actual[i] != expected[i]), None)
-        extra = "" if first is None else ", first difference at offset %d" % first
-        return "length %d, expected %d%s" % (len(actual), len(expected), extra)
-    for i in range(len(actual)):
-        if actual[i] != expected[i]:
-            return "byte %d is %#x, expected %#x (len %d)" % (i, actual[i], expected[i], len(actual))
-    return "equal"
-
-
-def expect_eq(actual, expected, what):
-    if actual != expected:
-        if isinstance(actual, (bytes, bytearray)) and isinstance(expected, (bytes, bytearray)):
-            fail("%s: %s" % (what, describe_bytes_diff(actual, expected)))
-        fail("%s: got %r, expected %r" % (what, actual, expected))
-
-
-def expect_errno(expected, fn, *args, what=None):
-    if isinstance(expected, int):
-        expected = (expected,)
-    label = what or getattr(fn, "__name__", "call")
-    try:
-        res = fn(*args)
-    except OSError as e:
-        if e.errno in expected:
-            return e
-        fail("%s: expected %s, got %s (%s)" % (label, "/".join(map(ename, expected)), ename(e.errno), e))
-    if fn is os.open and isinstance(res, int):
-        os.close(res)
-    fail("%s: expected %s, but it succeeded" % (label, "/".join(map(ename, expected))))
-
-
-def pattern(n, seed=0):
-    """Deterministic n bytes; different seeds give different data of the same length."""
-    return random.Random(seed * 1000003 + n).randbytes(n)
-
-
-def write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            fail("write returned %d" % n)
-        view = view[n:]
-
-
-def write_file(path, data=b"", mode=0o644, flags=0):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, mode)
-    try:
-        write_all(fd, data)
-    finally:
-        os.close(fd)
-
-
-def read_all(fd):
-    chunks = []
-    while True:
-        b = os.read(fd, 1 << 20)
-        if not b:
-            return b"".join(chunks)
-        chunks.append(b)
-
-
-def read_file(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return read_all(fd)
-    finally:
-        os.close(fd)
-
-
-def pread_all(fd, size):
-    chunks, off = [], 0
-    while off < size:
-        b = os.pread(fd, size - off, off)
-        if not b:
-            break
-        chunks.append(b)
-        off += len(b)
-    return b"".join(chunks)
-
-
-# ---- another process: a forked peer on a socketpair ----
-
-class Chan:
-    def __init__(self, sock):
-        self.sock = sock
-        self.sock.settimeout(60)
-
-    def send(self, obj):
-        data = pickle.dumps(obj)
-        self.sock.sendall(struct.pack("<I", len(data)) + data)
-
-    def _exact(self, n):
-        buf = b""
-        while len(buf) < n:
-            b = self.sock.recv(n - len(buf))
-            if not b:
-                raise EOFError("peer closed the channel")
-            buf += b
-        return buf
-
-    def recv(self):
-        (n,) = struct.unpack("<I", self._exact(4))
-        return pickle.loads(self._exact(n))
-
-
-def _describe(e):
-    if isinstance(e, AssertionError):
-        return str(e) or "assertion failed"
-    tb = traceback.extract_tb(e.__traceback__)
-    where = next((f"line {fr.lineno}" for fr in reversed(tb) if fr.filename == __file__), "")
-    if isinstance(e, OSError):
-        return "unexpected %s: %s (%s)" % (ename(e.errno), e, where)
-    return "%s: %s (%s)" % (type(e).__name__, e, where)
-
-
-class PeerSide:
-    """What a peer's fn gets: send(x) arrives as Peer.recv(), recv() returns Peer.send(x)."""
-
-    def __init__(self, raw):
-        self.raw = raw
-
-    def send(self, obj):
-        self.raw.send(("msg", obj))
-
-    def recv(self):
-        return self.raw.recv()[1]
-
-
-class Peer:
-    """fn(chan, *args) runs in a forked process. chan.send(x) there arrives as peer.recv() here,
-    peer.send(x) here arrives as chan.recv() there. peer.join() returns fn's result."""
-
-    def __init__(self, fn, *args, name="peer"):
-        self.name = name
-        a, b = socket.socketpair()
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                a.close()
-                raw = Chan(b)
-                try:
-                    raw.send(("ok", fn(PeerSide(raw), *args)))
-                except BaseException as e:  # noqa: BLE001
-                    raw.send(("err", _describe(e)))
-                    code = 1
-            finally:
-                os._exit(code)
-        b.close()
-        self.pid = pid
-        self.ch = Chan(a)
-        self.done = False
-
-    def send(self, obj):
-        self.ch.send(("msg", obj))
-
-    def _get(self):
-        kind, val = self.ch.recv()
-        if kind == "err":
-            self._reap()
-            fail("%s: %s" % (self.name, val))
-        return kind, val
-
-    def recv(self):
-        kind, val = self._get()
-        if kind != "msg":
-            fail("%s finished while a message was expected" % self.name)
-        return val
-
-    def join(self):
-        while True:
-            kind, val = self._get()
-            if kind == "ok":
-                self._reap()
-                return val
-
-    def _reap(self):
-        if not self.done:
-            os.waitpid(self.pid, 0)
-            self.done = True
-
-
-def _peer_recv(ch):
-    return ch.recv()
-
-
-def errno_of(fn, *args):
-    """None on success (an fd result is closed), else the errno."""
-    try:
-        res = fn(*args)
-        if fn is os.open:
-            os.close(res)
-        return None
-    except OSError as e:
-        return e.errno
-
-
-def other(fn, *args, name="other process"):
-    """Run fn(*args) in another process and return its result."""
-    return Peer(lambda ch, *a: fn(*a), *args, name=name).join()
-
-
-# ---- runner ----
-
-def _safe_name(name):
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-
-
-def _rmtree(path):
-    def onerror(func, p, exc):
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-        except OSError:
-            pass
-        try:
-            if os.path.isdir(p) and not os.path.islink(p):
-                shutil.rmtree(p)
-            else:
-                os.unlink(p)
-        except FileNotFoundError:
-            pass
-    if os.path.lexists(path):
-        shutil.rmtree(path, onerror=onerror)
-
-
-def run_forked(fn, timeout):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            os.close(r)
-            os.setpgid(0, 0)
-            try:
-                out = json.dumps({"value": fn()})
-            except BaseException:  # noqa: BLE001
-                out = json.dumps({"error": "internal error: %s" % traceback.format_exc(limit=3)})
-                code = 3
-            data = out.encode()
-            while data:
-                data = data[os.write(w, data):]
-        finally:
-            os._exit(code)
-    os.close(w)
-    try:
-        os.setpgid(pid, pid)
-    except OSError:
-        pass
-    deadline = time.monotonic() + timeout
-    buf, timed_out = b"", False
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            timed_out = True
-            break
-        ready, _, _ = select.select([r], [], [], left)
-        if ready:
-            b = os.read(r, 65536)
-            if not b:
-                break
-            buf += b
-    os.close(r)
-    if timed_out:
-        for target in (-pid, pid):
-            try:
-                os.kill(target, signal.SIGKILL)
-            except OSError:
-                pass
-        end = time.monotonic() + 5
-        while time.monotonic() < end:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                break
-            time.sleep(0.05)
-        return None, "timed out after %.0fs (killed)" % timeout
-    _, status = os.waitpid(pid, 0)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    if not buf:
-        return None, "child died without a result (wait status %#x)" % status
-    try:
-        res = json.loads(buf.decode())
-    except ValueError:
-        return None, "garbled result from child: %r" % buf[:200]
-    if "error" in res:
-        return None, res["error"]
-    return res["value"], None
-
-
-def _check_body(name, fn, scratch):
-    os.umask(0o022)
-    os.chdir("/")
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    d = os.path.join(scratch, _safe_name(name))
-    os.mkdir(d)
-    os.chmod(d, 0o755)
-    result = ("FAIL", "did not finish")
-    try:
-        fn(Ctx(d))
-        result = ("PASS", "")
-    except Skip as e:
-        result = ("SKIP", str(e))
-    except BaseException as e:  # noqa: BLE001
-        result = ("FAIL", _describe(e))
-    finally:
-        os.chdir("/")
-        try:
-            _rmtree(d)
-        except OSError as e:
-            if result[0] != "FAIL":
-                result = ("FAIL", "cleanup of check dir failed: %s" % e)
-    return result
-
-
-def main(argv=None, prefix=".coherence"):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("dir", nargs="?")
-    ap.add_argument("-k", dest="pattern", action="append", default=[],
-                    help="only checks whose name contains PATTERN (repeatable)")
-    ap.add_argument("--timeout-scale", type=float, default=1.0)
-    ap.add_argument("--list", action="store_true")
-    args = ap.parse_args(argv)
-    selected = [c for c in CHECKS if not args.pattern or any(p in c[0] for p in args.pattern)]
-    if args.list:
-        for n, _, _ in selected:
-            print(n)
-        return 0
-    if not args.dir or not os.path.isdir(args.dir):
-        ap.error("DIR must be an existing directory")
-    base = os.path.abspath(args.dir)
-    scratch = os.path.join(base, "%s.%d.%d" % (prefix, os.getpid(), random.randrange(1 << 30)))
-    os.mkdir(scratch)
-    os.chmod(scratch, 0o755)
-    npass = nfail = nskip = 0
-    t_all = time.monotonic()
-    try:
-        for name, fn, timeout in selected:
-            value, err = run_forked(lambda: _check_body(name, fn, scratch), timeout * args.timeout_scale)
-            status, detail = value if err is None else ("FAIL", err)
-            npass += status == "PASS"
-            nfail += status == "FAIL"
-            nskip += status == "SKIP"
-            print("%s %s%s" % (status, name, (": " + detail) if detail else ""), flush=True)
-    finally:
-        _, err = run_forked(lambda: _rmtree(scratch), 120)
-        if err is None and os.path.lexists(scratch):
-            err = "scratch directory still exists"
-        if err is not None:
-            nfail += 1
-            print("FAIL gate.cleanup: could not remove %s: %s" % (scratch, err), flush=True)
-    print("%d passed, %d failed" % (npass, nfail) + (", %d skipped" % nskip if nskip else ""), flush=True)
-    print("# %.1fs" % (time.monotonic() - t_all), file=sys.stderr, flush=True)
-    return 0 if nfail == 0 else 1
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gatekit.py, from any cwd
+from gatekit import (  # noqa: E402
+    Gate, Peer, describe_bytes_diff, ename, expect, expect_eq, expect_errno, fail, other,
+    peer_recv, pread_exact, random_pattern, read_all, read_file, write_all, write_file, xerrno)
+
+GATE = Gate(default_timeout=60.0)
+check = GATE.check
+CHECKS = GATE.checks
 
 
 # --------------------------------------------------------------------------
@@ -451,14 +44,14 @@ def main(argv=None, prefix=".coherence"):
 @check("cycle.file_open_close_1000")
 def _(t):
     f = t.p("f")
-    data = pattern(5000, 1)
+    data = random_pattern(5000, 1)
     write_file(f, data)
     for i in range(1000):
         flags = (os.O_RDONLY, os.O_WRONLY, os.O_RDWR)[i % 3]
         fd = os.open(f, flags)
         try:
             if flags != os.O_WRONLY and i % 50 == 0:
-                expect_eq(pread_all(fd, 10000), data, "content at cycle %d" % i)
+                expect_eq(pread_exact(fd, 10000), data, "content at cycle %d" % i)
             if flags == os.O_RDWR and i % 99 == 0:
                 os.pwrite(fd, data[:10], 0)  # same bytes: content unchanged
         finally:
@@ -527,7 +120,7 @@ def _reader(path):
 def _(t):
     f = t.p("f")
     for i, size in enumerate((0, 1, 100, 4095, 4096, 4097, 65536, 300001, 2 << 20)):
-        data = pattern(size, i)
+        data = random_pattern(size, i)
         other(_writer, f, data, name="writer A")
         got, sz = other(_reader, f, name="reader B")
         expect_eq(sz, size, "size seen by B after A wrote %d bytes" % size)
@@ -539,11 +132,11 @@ def _(t):
     f = t.p("f")
     for mode in ("trunc", "ftruncate", "overwrite"):
         for size in (10, 4096, 12345, 1 << 20):
-            write_file(f, pattern(size, 7777))
-            expect_eq(other(_reader, f)[0], pattern(size, 7777), "%s size %d: initial read" % (mode, size))
+            write_file(f, random_pattern(size, 7777))
+            expect_eq(other(_reader, f)[0], random_pattern(size, 7777), "%s size %d: initial read" % (mode, size))
             for rnd in range(3):
                 # B has read (the page cache is full); A rewrites the same size with new bytes.
-                data = pattern(size, 10 * rnd + len(mode))
+                data = random_pattern(size, 10 * rnd + len(mode))
                 other(_writer, f, data, mode, name="writer A (%s)" % mode)
                 got, sz = other(_reader, f, name="reader B")
                 expect_eq(sz, size, "%s size %d round %d: B's fstat size" % (mode, size, rnd))
@@ -558,24 +151,24 @@ def _(t):
     # pread must see the new bytes (one inode, one page cache).
     f = t.p("f")
     size = 50000
-    write_file(f, pattern(size, 0))
+    write_file(f, random_pattern(size, 0))
 
     def reader(ch):
         fd = os.open(f, os.O_RDONLY)
         try:
-            ch.send(pread_all(fd, size * 2))
+            ch.send(pread_exact(fd, size * 2))
             while True:
-                cmd = _peer_recv(ch)
+                cmd = peer_recv(ch)
                 if cmd is None:
                     return True
-                ch.send((pread_all(fd, size * 2), os.fstat(fd).st_size))
+                ch.send((pread_exact(fd, size * 2), os.fstat(fd).st_size))
         finally:
             os.close(fd)
 
     b = Peer(reader, name="reader B")
-    expect_eq(b.recv(), pattern(size, 0), "B's first read")
+    expect_eq(b.recv(), random_pattern(size, 0), "B's first read")
     for rnd in range(1, 6):
-        data = pattern(size, rnd)
+        data = random_pattern(size, rnd)
         other(_writer, f, data, ("trunc", "ftruncate", "overwrite")[rnd % 3], name="writer A")
         b.send("read")
         got, sz = b.recv()
@@ -588,10 +181,10 @@ def _(t):
 @check("cto.rename_over_target")
 def _(t):
     f, tmp = t.p("target"), t.p("target.tmp")
-    write_file(f, pattern(8192, 999))
+    write_file(f, random_pattern(8192, 999))
     inos = set()
     for rnd in range(40):
-        data = pattern(8192, rnd)  # same size every round
+        data = random_pattern(8192, rnd)  # same size every round
 
         def w():
             write_file(tmp, data)
@@ -611,17 +204,17 @@ def _(t):
     # A reader that opened the old target keeps reading the OLD content after the rename-over;
     # a new open sees the new content.
     f, tmp = t.p("target"), t.p("target.tmp")
-    old, new = pattern(20000, 1), pattern(20000, 2)
+    old, new = random_pattern(20000, 1), random_pattern(20000, 2)
     write_file(f, old)
     fd = os.open(f, os.O_RDONLY)
     try:
-        expect_eq(pread_all(fd, 40000), old, "old content")
+        expect_eq(pread_exact(fd, 40000), old, "old content")
 
         def w():
             write_file(tmp, new)
             os.rename(tmp, f)
         other(w, name="writer A")
-        expect_eq(pread_all(fd, 40000), old, "old fd after rename-over")
+        expect_eq(pread_exact(fd, 40000), old, "old fd after rename-over")
         expect_eq(os.fstat(fd).st_nlink, 0, "nlink of the replaced inode")
         expect_eq(other(read_file, f), new, "new open after rename-over")
     finally:
@@ -633,7 +226,7 @@ def _(t):
 def _(t):
     f = t.p("f")
     for rnd in range(40):
-        data = pattern(10000, rnd)
+        data = random_pattern(10000, rnd)
 
         def w():
             if os.path.exists(f):
@@ -652,7 +245,7 @@ def _(t):
 @check("unlink_open.fd_survives")
 def _(t):
     f = t.p("f")
-    data = pattern(30000, 5)
+    data = random_pattern(30000, 5)
     write_file(f, data)
     fd = os.open(f, os.O_RDWR)
     try:
@@ -660,26 +253,26 @@ def _(t):
         expect(not os.path.lexists(f), "name still there after unlink")
         expect("f" not in os.listdir(t.dir), "name still listed after unlink")
         expect_errno(errno.ENOENT, os.open, f, os.O_RDONLY, what="open of the unlinked name")
-        expect_eq(ename(other(errno_of, os.open, f, os.O_RDONLY)), "ENOENT",
+        expect_eq(ename(other(xerrno, os.open, f, os.O_RDONLY)), "ENOENT",
                   "open of the unlinked name by another process")
         expect_errno(errno.ENOENT, os.stat, f)
         st = os.fstat(fd)
         expect_eq(st.st_nlink, 0, "fstat nlink after unlink")
         expect_eq(st.st_size, len(data), "fstat size after unlink")
-        expect_eq(pread_all(fd, 100000), data, "read through the fd after unlink")
-        extra = pattern(5000, 6)
+        expect_eq(pread_exact(fd, 100000), data, "read through the fd after unlink")
+        extra = random_pattern(5000, 6)
         os.pwrite(fd, extra, len(data))
         os.pwrite(fd, b"HEAD", 0)
         want = b"HEAD" + data[4:] + extra
-        expect_eq(pread_all(fd, 100000), want, "read after writes through the unlinked fd")
+        expect_eq(pread_exact(fd, 100000), want, "read after writes through the unlinked fd")
         expect_eq(os.fstat(fd).st_size, len(want), "size after writes through the unlinked fd")
         os.fsync(fd)
         os.ftruncate(fd, 1000)
-        expect_eq(pread_all(fd, 100000), want[:1000], "read after ftruncate of the unlinked fd")
+        expect_eq(pread_exact(fd, 100000), want[:1000], "read after ftruncate of the unlinked fd")
         # Recreate the name while the old inode is still open: two distinct files.
         write_file(f, b"new file")
         expect(os.stat(f).st_ino != os.fstat(fd).st_ino, "recreated name has the old inode number")
-        expect_eq(pread_all(fd, 100000), want[:1000], "old fd after the name was recreated")
+        expect_eq(pread_exact(fd, 100000), want[:1000], "old fd after the name was recreated")
         os.unlink(f)
     finally:
         os.close(fd)
@@ -699,28 +292,28 @@ def _(t):
 def _(t):
     # B opens, A unlinks and exits; B keeps reading and writing; the parent recreates the name.
     f = t.p("f")
-    data = pattern(70000, 7)
+    data = random_pattern(70000, 7)
     write_file(f, data)
 
     def holder(ch):
         fd = os.open(f, os.O_RDWR)
         try:
             ch.send("open")
-            _peer_recv(ch)  # unlinked by now
+            peer_recv(ch)  # unlinked by now
             st = os.fstat(fd)
             if st.st_nlink != 0:
                 fail("holder: fstat nlink %d after unlink, expected 0" % st.st_nlink)
-            got = pread_all(fd, 1 << 20)
+            got = pread_exact(fd, 1 << 20)
             if got != data:
                 fail("holder: read after unlink: " + describe_bytes_diff(got, data))
             os.pwrite(fd, b"Z" * 100, 100)
-            got = pread_all(fd, 1 << 20)
+            got = pread_exact(fd, 1 << 20)
             want = data[:100] + b"Z" * 100 + data[200:]
             if got != want:
                 fail("holder: read after write: " + describe_bytes_diff(got, want))
             ch.send("checked")
-            _peer_recv(ch)  # name recreated by now
-            got = pread_all(fd, 1 << 20)
+            peer_recv(ch)  # name recreated by now
+            got = pread_exact(fd, 1 << 20)
             if got != want:
                 fail("holder: read after the name was recreated: " + describe_bytes_diff(got, want))
             return True
@@ -759,17 +352,17 @@ def _(t):
 @check("many_fds.several_processes")
 def _(t):
     f = t.p("f")
-    data = pattern(9000, 8)
+    data = random_pattern(9000, 8)
     write_file(f, data)
     nproc, per = 4, 64
 
     def holder(ch, k):
         fds = [os.open(f, (os.O_RDONLY, os.O_RDWR)[j % 2]) for j in range(per)]
         ch.send(len(fds))
-        _peer_recv(ch)
+        peer_recv(ch)
         for j, fd in enumerate(fds):
             if j % 8 == 0:
-                got = pread_all(fd, 20000)
+                got = pread_exact(fd, 20000)
                 if got != data:
                     fail("holder %d fd %d: %s" % (k, j, describe_bytes_diff(got, data)))
         for fd in fds:
@@ -800,7 +393,7 @@ def _(t):
     f = t.p("f")
     size = 3 * 4096 + 100
     write_file(f, b"\0" * size)
-    data = pattern(size, 9)
+    data = random_pattern(size, 9)
 
     def mapper():
         fd = os.open(f, os.O_RDWR)
@@ -835,21 +428,21 @@ def _(t):
         m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         os.close(fd)  # the mapping outlives the fd
         for rnd in range(5):
-            m[0:4096] = pattern(4096, 100 + rnd)
+            m[0:4096] = random_pattern(4096, 100 + rnd)
             m.flush()
             ch.send(rnd)
-            _peer_recv(ch)
+            peer_recv(ch)
             got = bytes(m[4096:8192])
-            if got != pattern(4096, 200 + rnd):
+            if got != random_pattern(4096, 200 + rnd):
                 fail("mapping does not show a pwrite by another process (round %d)" % rnd)
         m.close()
         return True
     a = Peer(live, name="live mapper A")
     for rnd in range(5):
         expect_eq(a.recv(), rnd, "round")
-        expect_eq(other(_reader, f)[0][0:4096], pattern(4096, 100 + rnd), "round %d: read() of msynced page" % rnd)
+        expect_eq(other(_reader, f)[0][0:4096], random_pattern(4096, 100 + rnd), "round %d: read() of msynced page" % rnd)
         fd = os.open(f, os.O_WRONLY)
-        os.pwrite(fd, pattern(4096, 200 + rnd), 4096)
+        os.pwrite(fd, random_pattern(4096, 200 + rnd), 4096)
         os.close(fd)
         a.send("go")
     a.join()
@@ -858,8 +451,8 @@ def _(t):
 @check("open.o_trunc_truncates")
 def _(t):
     f = t.p("f")
-    write_file(f, pattern(100000, 10))
-    expect_eq(other(read_file, f)[:10], pattern(100000, 10)[:10], "content before")
+    write_file(f, random_pattern(100000, 10))
+    expect_eq(other(read_file, f)[:10], random_pattern(100000, 10)[:10], "content before")
     fd = os.open(f, os.O_WRONLY | os.O_TRUNC)
     try:
         expect_eq(os.fstat(fd).st_size, 0, "fstat size right after open(O_TRUNC)")
@@ -874,9 +467,9 @@ def _(t):
     def holder(ch):
         fd = os.open(f, os.O_RDONLY)
         try:
-            ch.send(pread_all(fd, 100))
-            _peer_recv(ch)
-            return os.fstat(fd).st_size, pread_all(fd, 100)
+            ch.send(pread_exact(fd, 100))
+            peer_recv(ch)
+            return os.fstat(fd).st_size, pread_exact(fd, 100)
         finally:
             os.close(fd)
     b = Peer(holder, name="holder B")
@@ -939,7 +532,7 @@ def _(t):
             os.read(r, 1)  # parent has closed its copy
             os.write(fd, b"child")
             os.fsync(fd)
-            got = pread_all(fd, 100)
+            got = pread_exact(fd, 100)
             code = 0 if got == b"start:child" else 2
             os.close(fd)
         finally:
@@ -976,7 +569,7 @@ def _(t):
         try:
             time.sleep(0.05)
             os.pwrite(fd, b"ORPHAN", 0)
-            code = 0 if pread_all(fd, 100) == b"ORPHAN data" else 2
+            code = 0 if pread_exact(fd, 100) == b"ORPHAN data" else 2
         finally:
             os._exit(code)
     os.close(fd)  # parent's copy goes first
@@ -988,5 +581,9 @@ def _(t):
     expect_eq(read_file(f), b"new", "recreated name")
 
 
+def main(argv=None, prefix=".noopen_coherence"):
+    return GATE.main(argv, doc=__doc__, prefix=prefix, elapsed=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main(prefix=".noopen_coherence"))
+    sys.exit(main())
