@@ -16,6 +16,39 @@ use parking_lot::{Mutex, RwLock};
 
 use super::Dispatcher;
 
+/// Whether a request runs on the transport thread that read it instead of a worker: requests
+/// that only read (answered from a read connection in microseconds, where a hop to a worker
+/// would double the latency), those that carry no reply (FORGET, INTERRUPT) and session
+/// requests (INIT, DESTROY). Mutations go to the shard of their inode.
+pub fn runs_inline(opcode: u32) -> bool {
+    use crate::abi::Opcode as O;
+    matches!(
+        O::from_u32(opcode),
+        Some(
+            O::Lookup
+                | O::Getattr
+                | O::Readlink
+                | O::Statfs
+                | O::Read
+                | O::Readdir
+                | O::Readdirplus
+                | O::Getxattr
+                | O::Listxattr
+                | O::Access
+                | O::Open
+                | O::Opendir
+                | O::Release
+                | O::Releasedir
+                | O::Flush
+                | O::Forget
+                | O::BatchForget
+                | O::Interrupt
+                | O::Init
+                | O::Destroy
+        )
+    )
+}
+
 /// One unit of work: decode, handle and reply to one request.
 pub type Job = Box<dyn FnOnce(&Dispatcher) + Send>;
 
@@ -69,6 +102,11 @@ impl Shards {
             drop(senders);
             (back.into_inner())(&self.dispatcher);
         }
+    }
+
+    /// The dispatcher the workers run requests on.
+    pub fn dispatcher(&self) -> &Dispatcher {
+        &self.dispatcher
     }
 
     /// Finish every queued job and join the workers.

@@ -5,9 +5,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::dispatch::shards::Shards;
+use crate::dispatch::shards::{runs_inline, Shards};
 use crate::dispatch::Dispatcher;
-use crate::protocol::{self, Operation, Reply};
+use crate::protocol::{self, Reply};
 
 /// A FUSE connection: the /dev/fuse file descriptor (opened close-on-exec).
 pub struct Channel {
@@ -93,19 +93,6 @@ impl Channel {
     }
 }
 
-/// Requests answered on the transport thread itself: they carry no reply (FORGET,
-/// BATCH_FORGET, INTERRUPT) or end the session (INIT, DESTROY).
-fn runs_inline(op: &Operation<'_>) -> bool {
-    matches!(
-        op,
-        Operation::Forget { .. }
-            | Operation::BatchForget { .. }
-            | Operation::Interrupt { .. }
-            | Operation::Init { .. }
-            | Operation::Destroy
-    )
-}
-
 /// Decode, handle and answer one whole request.
 fn answer(chan: &Channel, dispatcher: &Dispatcher, msg: &[u8]) {
     let (unique, reply) = match protocol::decode(msg) {
@@ -149,7 +136,7 @@ pub fn serve_loop(
         };
         let msg = &buf[..n];
         let key = match protocol::decode(msg) {
-            Ok(req) if runs_inline(&req.op) => {
+            Ok(req) if runs_inline(req.header.opcode) => {
                 answer(chan, dispatcher, msg);
                 continue;
             }

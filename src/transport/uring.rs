@@ -27,7 +27,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::abi;
-use crate::dispatch::shards::Shards;
+use crate::dispatch::shards::{runs_inline, Shards};
 use crate::dispatch::Dispatcher;
 use crate::protocol::{self, Reply};
 
@@ -409,7 +409,7 @@ impl Queue {
                 stats.registered.fetch_add(1, Ordering::Relaxed);
             }
             stats.served.fetch_add(1, Ordering::Relaxed);
-            self.dispatch(idx, shards);
+            self.dispatch(fd, idx, shards);
             return;
         }
         if res == -libc::EAGAIN || res == -libc::EINTR {
@@ -431,8 +431,15 @@ impl Queue {
         self.entries[idx].state = EntState::Dead;
     }
 
-    /// Hand entry `idx`, which now holds a request, to the worker of its inode.
-    fn dispatch(&mut self, idx: usize, shards: &Shards) {
+    /// Run entry `idx`'s request here if it only reads, else hand it to the worker of its
+    /// inode; either way the entry is committed once its reply is in place.
+    fn dispatch(&mut self, fd: RawFd, idx: usize, shards: &Shards) {
+        let opcode = self.entries[idx]
+            .header
+            .bytes()
+            .get(4..8)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u32::from_ne_bytes);
         let e = &mut self.entries[idx];
         e.state = EntState::InUser;
         // COMMIT_AND_FETCH echoes the request's commit id.
@@ -455,6 +462,22 @@ impl Queue {
             payload: e.payload.ptr,
             payload_len: e.payload.len,
         };
+        if runs_inline(opcode) {
+            // SAFETY: the entry is InUser and this thread owns it; no worker has it.
+            let (hdr, payload) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(bufs.header, bufs.header_len),
+                    std::slice::from_raw_parts_mut(bufs.payload, bufs.payload_len),
+                )
+            };
+            fill_reply(hdr, payload, shards.dispatcher());
+            self.entries[idx].state = EntState::InKernel { registering: false };
+            if let Err(err) = self.push(fd, idx) {
+                tracing::error!("queue {} entry {idx}: commit failed: {err}", self.qid);
+                self.entries[idx].state = EntState::Dead;
+            }
+            return;
+        }
         let done = self.done.clone();
         shards.submit(
             key,
