@@ -115,13 +115,11 @@ fn config(c: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
 }
 
 /// Create a table (and what goes with it) when it is missing; says so in `steps`.
-fn ensure_table(
-    c: &Connection,
-    table: &str,
-    ddl: &str,
-    steps: &mut Vec<String>,
-) -> rusqlite::Result<()> {
+/// Create `table` as the current schema defines it (schema.rs), if it is missing.
+fn ensure_table(c: &Connection, table: &str, steps: &mut Vec<String>) -> rusqlite::Result<()> {
     if !has_table(c, "main", table)? {
+        let ddl = super::schema::table_ddl(table)
+            .ok_or_else(|| rusqlite::Error::InvalidParameterName(table.to_string()))?;
         c.execute_batch(ddl)?;
         steps.push(format!("create table {table}"));
     }
@@ -184,22 +182,11 @@ const FS_DATA_DDL: &str = "CREATE TABLE fs_data (
   PRIMARY KEY (ino, chunk_index)
 );";
 
-const FS_WHITEOUT_DDL: &str = "CREATE TABLE fs_whiteout (
-  path TEXT PRIMARY KEY,
-  parent_path TEXT NOT NULL,
-  created_at INTEGER NOT NULL
-);";
-
 /// v0.0 → v0.1: fs_config, and fixed-size chunks in place of v0.0's variable extents
 /// `fs_data(ino, offset, size, data)`. The one step that rewrites rows: v0.0 extents have no
 /// chunk index to add, so fs_data is rebuilt with v0.1's default chunk size (4096).
 fn step_v01(c: &Connection, steps: &mut Vec<String>) -> rusqlite::Result<()> {
-    ensure_table(
-        c,
-        "fs_config",
-        "CREATE TABLE fs_config (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
-        steps,
-    )?;
+    ensure_table(c, "fs_config", steps)?;
     ensure_config(c, "chunk_size", &V00_CHUNK_SIZE.to_string(), steps)?;
     if has_table(c, "main", "fs_data")?
         && !has_col(c, "fs_data", "chunk_index")?
@@ -273,18 +260,13 @@ fn step_v02(c: &Connection, steps: &mut Vec<String>) -> rusqlite::Result<()> {
         )?;
         steps.push("fs_inode.nlink counted from fs_dentry".into());
     }
-    ensure_table(c, "fs_whiteout", FS_WHITEOUT_DDL, steps)?;
+    ensure_table(c, "fs_whiteout", steps)?;
     Ok(())
 }
 
 /// v0.2 → v0.3: copy-up origins.
 fn step_v03(c: &Connection, steps: &mut Vec<String>) -> rusqlite::Result<()> {
-    ensure_table(
-        c,
-        "fs_origin",
-        "CREATE TABLE fs_origin (\n  delta_ino INTEGER PRIMARY KEY,\n  base_ino INTEGER NOT NULL\n);",
-        steps,
-    )
+    ensure_table(c, "fs_origin", steps)
 }
 
 /// v0.3 → v0.4: device numbers and nanoseconds.
@@ -307,7 +289,9 @@ fn step_v05(c: &Connection, steps: &mut Vec<String>) -> rusqlite::Result<()> {
         steps,
     )?;
     if has_table(c, "main", "fs_whiteout")? && !has_col(c, "fs_whiteout", "parent_path")? {
-        c.execute_batch(&FS_WHITEOUT_DDL.replace("fs_whiteout", "fs_whiteout_v05"))?;
+        let ddl = super::schema::table_ddl("fs_whiteout")
+            .ok_or_else(|| rusqlite::Error::InvalidParameterName("fs_whiteout".into()))?;
+        c.execute_batch(&ddl.replace("fs_whiteout", "fs_whiteout_v05"))?;
         let rows: Vec<(rusqlite::types::Value, i64)> = {
             let mut st = c.prepare("SELECT path, coalesce(created_at, 0) FROM fs_whiteout")?;
             let it = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -333,72 +317,18 @@ fn step_v05(c: &Connection, steps: &mut Vec<String>) -> rusqlite::Result<()> {
             rows.len()
         ));
     }
-    ensure_table(c, "fs_whiteout", FS_WHITEOUT_DDL, steps)?;
+    ensure_table(c, "fs_whiteout", steps)?;
     ensure_index(
         c,
         "idx_fs_whiteout_parent",
         "CREATE INDEX idx_fs_whiteout_parent ON fs_whiteout(parent_path);",
         steps,
     )?;
-    ensure_table(
-        c,
-        "fs_overlay_config",
-        "CREATE TABLE fs_overlay_config (\n  key TEXT PRIMARY KEY,\n  value TEXT NOT NULL\n);",
-        steps,
-    )?;
-    ensure_table(
-        c,
-        "fs_partial_origin",
-        "CREATE TABLE fs_partial_origin (
-  delta_ino INTEGER PRIMARY KEY,
-  base_ino INTEGER NOT NULL,
-  base_path TEXT NOT NULL,
-  base_size INTEGER NOT NULL,
-  base_fingerprint_size INTEGER NOT NULL DEFAULT -1,
-  base_mtime INTEGER NOT NULL DEFAULT 0,
-  base_mtime_nsec INTEGER NOT NULL DEFAULT 0,
-  base_ctime INTEGER NOT NULL DEFAULT 0,
-  base_ctime_nsec INTEGER NOT NULL DEFAULT 0,
-  created_at INTEGER NOT NULL
-);",
-        steps,
-    )?;
-    ensure_table(
-        c,
-        "fs_chunk_override",
-        "CREATE TABLE fs_chunk_override (
-  delta_ino INTEGER NOT NULL,
-  chunk_index INTEGER NOT NULL,
-  PRIMARY KEY (delta_ino, chunk_index)
-);",
-        steps,
-    )?;
-    ensure_table(
-        c,
-        "tool_calls",
-        "CREATE TABLE tool_calls (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
-  name TEXT NOT NULL,
-  parameters TEXT,
-  result TEXT,
-  error TEXT,
-  started_at INTEGER NOT NULL,
-  completed_at INTEGER NOT NULL,
-  duration_ms INTEGER NOT NULL
-);",
-        steps,
-    )?;
-    ensure_table(
-        c,
-        "kv_store",
-        "CREATE TABLE kv_store (
-  key TEXT PRIMARY KEY,
-  value TEXT NOT NULL,
-  created_at INTEGER DEFAULT (unixepoch()),
-  updated_at INTEGER DEFAULT (unixepoch())
-);",
-        steps,
-    )?;
+    ensure_table(c, "fs_overlay_config", steps)?;
+    ensure_table(c, "fs_partial_origin", steps)?;
+    ensure_table(c, "fs_chunk_override", steps)?;
+    ensure_table(c, "tool_calls", steps)?;
+    ensure_table(c, "kv_store", steps)?;
     for (name, ddl) in [
         (
             "idx_tool_calls_name",
@@ -431,12 +361,7 @@ fn step_v05(c: &Connection, steps: &mut Vec<String>) -> rusqlite::Result<()> {
     ] {
         ensure_index(c, name, ddl, steps)?;
     }
-    ensure_table(
-        c,
-        "fs_xattr",
-        "CREATE TABLE fs_xattr (\n  ino INTEGER NOT NULL,\n  name BLOB NOT NULL,\n  value BLOB NOT NULL,\n  PRIMARY KEY (ino, name)\n);",
-        steps,
-    )?;
+    ensure_table(c, "fs_xattr", steps)?;
     // The inline threshold is defaulted, never above the recorded chunk size (which is kept).
     let cs = config(c, "chunk_size")?
         .and_then(|v| v.trim().parse::<u64>().ok())

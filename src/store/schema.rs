@@ -176,6 +176,14 @@ BEGIN
 END;
 "#;
 
+/// The `CREATE TABLE` statement of `table` exactly as [`DDL`] has it (for migrations that add
+/// a table an older format lacked).
+pub fn table_ddl(table: &str) -> Option<&'static str> {
+    let start = DDL.find(&format!("CREATE TABLE {table} ("))?;
+    let len = DDL[start..].find(");")? + 2;
+    Some(&DDL[start..start + len])
+}
+
 /// The extension objects (indexes and fs_xattr) created on a writable open of a v0.5 database
 /// written by another implementation that lacks them. Additive and idempotent.
 const EXTENSIONS_IF_MISSING: &str = r#"
