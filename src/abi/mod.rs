@@ -740,30 +740,25 @@ impl SetattrIn {
     pub fn lock_owner(&self) -> Option<u64> {
         self.has(FATTR_LOCKOWNER).then_some(self.lock_owner)
     }
-    /// `FATTR_ATIME_NOW` wins over an explicit time (the kernel sets both bits).
-    pub fn atime(&self) -> Option<SetTime> {
-        if self.has(FATTR_ATIME_NOW) {
+    /// A time field: `now_bit` (the kernel sets it together with `set_bit`) wins over the
+    /// explicit value.
+    fn time(&self, now_bit: u32, set_bit: u32, sec: u64, nsec: u32) -> Option<SetTime> {
+        if self.has(now_bit) {
             Some(SetTime::Now)
-        } else if self.has(FATTR_ATIME) {
+        } else if self.has(set_bit) {
             Some(SetTime::At {
-                sec: self.atime as i64,
-                nsec: self.atimensec,
+                sec: sec as i64,
+                nsec,
             })
         } else {
             None
         }
     }
+    pub fn atime(&self) -> Option<SetTime> {
+        self.time(FATTR_ATIME_NOW, FATTR_ATIME, self.atime, self.atimensec)
+    }
     pub fn mtime(&self) -> Option<SetTime> {
-        if self.has(FATTR_MTIME_NOW) {
-            Some(SetTime::Now)
-        } else if self.has(FATTR_MTIME) {
-            Some(SetTime::At {
-                sec: self.mtime as i64,
-                nsec: self.mtimensec,
-            })
-        } else {
-            None
-        }
+        self.time(FATTR_MTIME_NOW, FATTR_MTIME, self.mtime, self.mtimensec)
     }
     pub fn ctime(&self) -> Option<SetTime> {
         self.has(FATTR_CTIME).then_some(SetTime::At {

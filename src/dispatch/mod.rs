@@ -78,14 +78,6 @@ impl Dispatcher {
             .is_some_and(|n| n.flags & abi::FUSE_WRITEBACK_CACHE != 0)
     }
 
-    pub fn store(&self) -> &Arc<Store> {
-        &self.store
-    }
-
-    pub fn refs(&self) -> &LookupRefs {
-        &self.refs
-    }
-
     /// Answer INIT: take the intersection of what the kernel offers and what we want.
     /// `ring`: the io_uring queues are ready, so FUSE_OVER_IO_URING may be requested.
     pub fn init(

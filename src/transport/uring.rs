@@ -185,11 +185,10 @@ struct EntryBufs {
 // outstanding jobs before it drops its queue), and exactly one job uses them at a time.
 unsafe impl Send for EntryBufs {}
 
-/// Requests answered through rings, and entries the kernel accepted.
+/// Requests answered through rings, and entries the kernel refused.
 #[derive(Default)]
 pub struct RingStats {
     pub served: AtomicU64,
-    pub registered: AtomicU64,
     pub failed: AtomicU64,
 }
 
@@ -400,14 +399,7 @@ impl Queue {
     }
 
     fn complete(&mut self, fd: RawFd, idx: usize, res: i32, shards: &Shards, stats: &RingStats) {
-        let was_registering = matches!(
-            self.entries[idx].state,
-            EntState::InKernel { registering: true }
-        );
         if res == 0 {
-            if was_registering {
-                stats.registered.fetch_add(1, Ordering::Relaxed);
-            }
             stats.served.fetch_add(1, Ordering::Relaxed);
             self.dispatch(fd, idx, shards);
             return;
