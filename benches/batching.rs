@@ -1,7 +1,8 @@
 //! Write batching on vs off, through a real mount: `cargo bench --bench batching` (root).
 //!
-//! Two servers per kernel mode, one with `AGENTFS_BATCH=1` (default policy), one with the kill
-//! switch `AGENTFS_BATCH=0`, each on a fresh database in `target/bench-batching/`. Kernel
+//! Three servers per kernel mode, each on a fresh database in `target/bench-batching/`: data and
+//! namespace batching on (the defaults), data batching only (`AGENTFS_BATCH_NAMESPACE=0`: one
+//! transaction per namespace operation), and everything off (`AGENTFS_BATCH=0` too). Kernel
 //! modes: the default writeback cache (the kernel coalesces small writes into up to 1 MiB
 //! WRITEs) and `AGENTFS_FUSE_WRITEBACK_CACHE=0` (every write(2) is one WRITE: the small-write
 //! case batching exists for). Workloads, each timed to the end of its barrier:
@@ -228,18 +229,28 @@ fn main() {
         "| kernel cache | batching | seq 4 KiB writes (32 MiB + fsync) | random 4 KiB writes (8,192 + fsync) | 2,000 small files + syncfs | fsync median | fsync p99 |"
     );
     println!("|---|---|---|---|---|---|---|");
+    // (label, AGENTFS_BATCH, AGENTFS_BATCH_NAMESPACE): everything on, data only, everything off.
+    let legs = [
+        ("data + namespace", "1", "1"),
+        ("data only", "1", "0"),
+        ("off", "0", "0"),
+    ];
     for wb in ["1", "0"] {
+        let cache = if wb == "1" {
+            "writeback"
+        } else {
+            "write-through"
+        };
         let mut rows = Vec::new();
-        for batch in ["1", "0"] {
+        for (label, batch, ns) in legs {
             let env = [
                 ("AGENTFS_BATCH", batch),
+                ("AGENTFS_BATCH_NAMESPACE", ns),
                 ("AGENTFS_FUSE_WRITEBACK_CACHE", wb),
             ];
-            let r = run(&root.join(format!("wb{wb}-b{batch}")), &env);
+            let r = run(&root.join(format!("wb{wb}-b{batch}-n{ns}")), &env);
             println!(
-                "| {} | {} | {:.3} s ({:.0} MiB/s) | {:.3} s ({:.0} writes/s) | {:.3} s ({:.0} files/s) | {:.0} µs | {:.0} µs |",
-                if wb == "1" { "writeback" } else { "write-through" },
-                if batch == "1" { "on" } else { "off" },
+                "| {cache} | {label} | {:.3} s ({:.0} MiB/s) | {:.3} s ({:.0} writes/s) | {:.3} s ({:.0} files/s) | {:.0} µs | {:.0} µs |",
                 r.seq,
                 FILE_MIB as f64 / r.seq,
                 r.rand,
@@ -251,20 +262,17 @@ fn main() {
             );
             rows.push(r);
         }
-        let (on, off) = (rows[0], rows[1]);
-        println!(
-            "| {} | speed-up | {:.1}x | {:.1}x | {:.1}x | {:.2}x | {:.2}x |",
-            if wb == "1" {
-                "writeback"
-            } else {
-                "write-through"
-            },
-            off.seq / on.seq,
-            off.rand / on.rand,
-            off.small / on.small,
-            off.fsync_med / on.fsync_med,
-            off.fsync_p99 / on.fsync_p99
-        );
+        for (name, base) in [("vs off", rows[2]), ("vs data only", rows[1])] {
+            let on = rows[0];
+            println!(
+                "| {cache} | speed-up {name} | {:.1}x | {:.1}x | {:.1}x | {:.2}x | {:.2}x |",
+                base.seq / on.seq,
+                base.rand / on.rand,
+                base.small / on.small,
+                base.fsync_med / on.fsync_med,
+                base.fsync_p99 / on.fsync_p99
+            );
+        }
     }
     let mib = if quick { 256 } else { 2048 };
     let (peak, rate, cap) = memory_ceiling(&root.join("memory"), mib);

@@ -40,7 +40,7 @@ knob_table! {
     batch: Bool = true, [0, 1], KillSwitch, "AGENTFS_BATCH",
         "Batch writes: acknowledge from memory, commit many inodes per transaction (0 = one SQLite transaction per WRITE).";
     batch_window_ms: U64 = 5, [0, 3600000], Policy, "AGENTFS_BATCH_WINDOW_MS",
-        "Group-commit timer: pending bytes are committed at most this long after an inode's first pending write, in milliseconds.";
+        "Group-commit timer: pending bytes are committed at most this long after an inode's first pending write, and a namespace batch transaction at most this long after it opened, in milliseconds.";
     batch_inode_trigger_kib: U64 = 8192, [4, 1048576], Policy, "AGENTFS_BATCH_INODE_TRIGGER_KIB",
         "Commit an inode at once (without waiting for the window) when it has this many KiB pending.";
     batch_max_pending_mib: U64 = 256, [1, 65536], Policy, "AGENTFS_BATCH_MAX_PENDING_MIB",
@@ -49,6 +49,10 @@ knob_table! {
         "Most inodes one group-commit transaction takes.";
     batch_txn_kib: U64 = 32768, [64, 4194304], Policy, "AGENTFS_BATCH_TXN_KIB",
         "Bytes one group-commit transaction takes, in KiB (an inode with more is committed lowest offsets first over several).";
+    batch_namespace: Bool = true, [0, 1], KillSwitch, "AGENTFS_BATCH_NAMESPACE",
+        "Group-commit namespace operations: one SQLite transaction stays open across many operations (each a savepoint) and commits after AGENTFS_BATCH_WINDOW_MS, after AGENTFS_BATCH_NAMESPACE_OPS operations or at a barrier (0 = one transaction per operation).";
+    batch_namespace_ops: U64 = 1024, [1, 1000000], Policy, "AGENTFS_BATCH_NAMESPACE_OPS",
+        "Most operations one namespace batch transaction holds before it commits.";
     log: Str = "warn", [0, 0], Policy, "AGENTFS_LOG",
         "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug).";
     require_fuse: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_FUSE",

@@ -1,12 +1,16 @@
 //! Connections: the single writer (behind the store's mutex) and the pool of read connections,
-//! the per-connection settings, the transaction helpers and the durability barrier.
+//! the per-connection settings, the transaction helpers (with namespace batching: one write
+//! transaction kept open across many operations, each a SAVEPOINT) and the durability barrier.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 use crate::errno::Errno;
@@ -33,29 +37,164 @@ pub fn open(path: &Path, readonly: bool) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
-/// The writer connection and what the durability barrier remembers about the WAL file.
+/// Namespace batching: how long one write transaction may stay open across operations and
+/// how many operations it may hold (`AGENTFS_BATCH_NAMESPACE*`, `AGENTFS_BATCH_WINDOW_MS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamespaceBatch {
+    pub window: Duration,
+    pub ops: u64,
+}
+
+impl NamespaceBatch {
+    /// The policy from the knobs; `None` with the kill switch off.
+    pub fn from_knobs(k: &crate::knobs::Knobs) -> Option<NamespaceBatch> {
+        k.batch_namespace.then(|| NamespaceBatch {
+            window: Duration::from_millis(k.batch_window_ms),
+            ops: k.batch_namespace_ops.max(1),
+        })
+    }
+}
+
+/// Called after a batch transaction was rolled back as a whole (a failed COMMIT): every
+/// operation of its window is gone, so anything cached from them must be dropped.
+pub type LostHook = Arc<dyn Fn() + Send + Sync>;
+
+/// The open batch transaction.
+struct OpenBatch {
+    since: Instant,
+    ops: u64,
+}
+
+/// The writer connection, the open batch transaction (if any) and what the durability
+/// barrier remembers.
 pub struct Writer {
-    pub conn: Connection,
+    conn: Connection,
     /// (st_dev, st_ino) of the -wal file last made durable: a different value means the file
     /// was (re)created since, so its directory entry must be synced too.
     synced_wal: Option<(u64, u64)>,
+    /// Namespace batching policy (`None`: every transaction commits at once).
+    policy: Option<NamespaceBatch>,
+    batch: Option<OpenBatch>,
+    /// Mirrors `batch.is_some()` for readers that do not hold the lock.
+    open_flag: Arc<AtomicBool>,
+    /// A transaction committed since the last successful barrier.
+    dirty: bool,
+    /// `PRAGMA data_version` at the last successful barrier (moves when another process
+    /// commits to the database).
+    synced_version: Option<i64>,
+    /// A batch lost by a failed COMMIT, not yet reported by a barrier.
+    lost: Option<Errno>,
+    /// After a lost batch every operation commits on its own until one succeeds, so later
+    /// operations see a persisting failure themselves.
+    degraded: bool,
+    on_lost: Option<LostHook>,
+    shutdown: bool,
 }
 
 impl Writer {
     /// Open the writer: WAL journal, synchronous=NORMAL.
-    pub fn open(path: &Path) -> rusqlite::Result<Writer> {
+    pub fn open(path: &Path, policy: Option<NamespaceBatch>) -> rusqlite::Result<Writer> {
         let conn = open(path, false)?;
         let _: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         Ok(Writer {
             conn,
             synced_wal: None,
+            policy,
+            batch: None,
+            open_flag: Arc::new(AtomicBool::new(false)),
+            dirty: true,
+            synced_version: None,
+            lost: None,
+            degraded: false,
+            on_lost: None,
+            shutdown: false,
         })
     }
 
-    /// Run `f` as ONE immediate transaction: commit if it returns Ok, roll back otherwise (and
-    /// if the commit itself fails), so the database never keeps half an operation.
-    pub fn transact<T>(
+    /// The connection, for statements outside [`Writer::transact`] (schema set-up, checkpoint).
+    pub fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Run `f` as one atomic operation: everything it did stays if it returns Ok, nothing if it
+    /// fails. Without namespace batching that is one immediate transaction, committed before
+    /// returning. With it, `f` runs as a SAVEPOINT inside the open batch transaction (opened
+    /// here when none is); the batch commits when the window elapses ([`Writer::flusher`]),
+    /// when the op budget is reached (here) or at a barrier. Returns whether a batch was
+    /// opened (the flusher must be woken).
+    fn transact<T>(
+        &mut self,
+        f: impl FnOnce(&Connection) -> Result<T, Errno>,
+    ) -> (Result<T, Errno>, bool) {
+        let Some(policy) = self.policy.filter(|_| !self.degraded) else {
+            return (self.transact_alone(f), false);
+        };
+        let opened = self.batch.is_none();
+        if opened {
+            if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
+                return (Err(e.into()), false);
+            }
+            self.batch = Some(OpenBatch {
+                since: Instant::now(),
+                ops: 0,
+            });
+            self.open_flag.store(true, Ordering::Release);
+        }
+        let out = self.savepoint(f);
+        if self.conn.is_autocommit() {
+            // SQLite rolled the whole transaction back (SQLITE_FULL, IOERR, ...): the window
+            // is lost, and this operation with it.
+            let e = out.as_ref().err().copied().unwrap_or(Errno::EIO);
+            self.lose_batch(e);
+            return (Err(e), opened);
+        }
+        let full = self.batch.as_mut().is_some_and(|b| {
+            b.ops += 1;
+            b.ops >= policy.ops
+        });
+        if full {
+            if let Err(e) = self.commit() {
+                // This operation was in the lost batch: it fails too (the barrier still
+                // reports the loss of the others).
+                return (Err(e), opened);
+            }
+        }
+        (out, opened)
+    }
+
+    /// `f` inside SAVEPOINT op: released on success, rolled back to on failure.
+    fn savepoint<T>(
+        &mut self,
+        f: impl FnOnce(&Connection) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        self.conn.prepare_cached("SAVEPOINT op")?.execute([])?;
+        let out = f(&self.conn);
+        if self.conn.is_autocommit() {
+            return out;
+        }
+        let end = if out.is_ok() {
+            self.conn
+                .prepare_cached("RELEASE op")
+                .and_then(|mut s| s.execute([]))
+        } else {
+            self.conn
+                .prepare_cached("ROLLBACK TO op")
+                .and_then(|mut s| s.execute([]))
+                .and_then(|_| self.conn.prepare_cached("RELEASE op")?.execute([]))
+        };
+        match end {
+            Ok(_) => out,
+            // The savepoint could not be ended: nothing of the batch can be trusted.
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                Err(out.err().unwrap_or(e.into()))
+            }
+        }
+    }
+
+    /// One immediate transaction committed at once (namespace batching off, or degraded).
+    fn transact_alone<T>(
         &mut self,
         f: impl FnOnce(&Connection) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
@@ -64,14 +203,69 @@ impl Writer {
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let out = f(&tx)?;
         tx.commit()?;
+        self.dirty = true;
+        self.degraded = false;
         Ok(out)
     }
 
-    /// The durability barrier. The caller holds the writer lock, so every transaction committed
-    /// before this call is in the -wal file (or, after a checkpoint, the main file); an fdatasync
-    /// of that file makes it durable. A freshly created -wal file also gets its directory
-    /// synced, or a power cut could lose the file's name along with the frames.
+    /// COMMIT the open batch (a no-op when none is open). On failure the batch is rolled back
+    /// and remembered as lost (see [`Writer::lose_batch`]).
+    pub fn commit(&mut self) -> Result<(), Errno> {
+        if self.batch.is_none() {
+            return Ok(());
+        }
+        match self.conn.execute_batch("COMMIT") {
+            Ok(()) => {
+                self.batch = None;
+                self.open_flag.store(false, Ordering::Release);
+                self.dirty = true;
+                Ok(())
+            }
+            Err(e) => {
+                let e = Errno::from(e);
+                self.lose_batch(e);
+                Err(e)
+            }
+        }
+    }
+
+    /// The open batch is gone: roll back what is left of it, remember the error for the next
+    /// barrier, commit one operation at a time until a commit succeeds, tell the caches.
+    fn lose_batch(&mut self, e: Errno) {
+        if !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        let ops = self.batch.take().map_or(0, |b| b.ops);
+        self.open_flag.store(false, Ordering::Release);
+        tracing::error!("committing {ops} batched operations failed, they are lost: {e}");
+        self.lost.get_or_insert(e);
+        self.degraded = true;
+        if let Some(hook) = &self.on_lost {
+            hook();
+        }
+    }
+
+    /// The durability barrier: commit the open batch, then make every committed transaction
+    /// durable with an fdatasync of the -wal file (or of the main file when there is no WAL).
+    /// The caller holds the writer lock, so no commit races it. Skipped when provably nothing
+    /// was committed since the last successful barrier (by this connection or another).
+    /// Reports a lost batch not reported by an earlier barrier.
     pub fn sync(&mut self, db: &Path) -> Result<(), Errno> {
+        let committed = self.commit();
+        let lost = self.lost.take();
+        let version: i64 = self
+            .conn
+            .query_row("PRAGMA data_version", [], |r| r.get(0))?;
+        if self.dirty || self.synced_version != Some(version) {
+            self.fdatasync(db)?;
+            self.dirty = false;
+            self.synced_version = Some(version);
+        }
+        committed?;
+        lost.map_or(Ok(()), Err)
+    }
+
+    fn fdatasync(&mut self, db: &Path) -> Result<(), Errno> {
         let wal = wal_path(db);
         match File::open(&wal) {
             Ok(f) => {
@@ -90,6 +284,120 @@ impl Writer {
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// The writer behind its mutex, with the flusher that commits a batch when its window ends.
+pub struct WriterCell {
+    writer: Mutex<Writer>,
+    /// Wakes the flusher: a batch was opened, or shutdown.
+    wake: Condvar,
+    /// Whether a batch transaction is open (readers then read through the writer).
+    open: Arc<AtomicBool>,
+    flusher: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl WriterCell {
+    /// Wrap `w`; with namespace batching, start the flusher thread.
+    pub fn new(w: Writer) -> std::io::Result<Arc<WriterCell>> {
+        let batching = w.policy.is_some();
+        let cell = Arc::new(WriterCell {
+            open: w.open_flag.clone(),
+            writer: Mutex::new(w),
+            wake: Condvar::new(),
+            flusher: Mutex::new(None),
+        });
+        if batching {
+            let me = cell.clone();
+            let h = std::thread::Builder::new()
+                .name("ns-flusher".into())
+                .spawn(move || {
+                    crate::sys::signals::block_shutdown_signals();
+                    me.flusher()
+                })?;
+            *cell.flusher.lock() = Some(h);
+        }
+        Ok(cell)
+    }
+
+    /// The writer, locked (for the barrier, the checkpoint, schema statements).
+    pub fn lock(&self) -> MutexGuard<'_, Writer> {
+        self.writer.lock()
+    }
+
+    /// Run `f` as one atomic operation (see [`Writer::transact`]).
+    pub fn transact<T>(&self, f: impl FnOnce(&Connection) -> Result<T, Errno>) -> Result<T, Errno> {
+        let (out, opened) = self.writer.lock().transact(f);
+        if opened {
+            self.wake.notify_one();
+        }
+        out
+    }
+
+    /// While a batch transaction is open its operations are visible only to the writer
+    /// connection: run the read `f` there. Hands `f` back when no batch is open (everything
+    /// acknowledged is then committed, and a pooled reader sees it).
+    pub fn read_if_open<T, F>(&self, f: F) -> Result<Result<T, Errno>, F>
+    where
+        F: FnOnce(&Connection) -> Result<T, Errno>,
+    {
+        if !self.open.load(Ordering::Acquire) {
+            return Err(f);
+        }
+        let mut w = self.writer.lock();
+        if w.batch.is_none() {
+            return Err(f);
+        }
+        let out = f(&w.conn);
+        if w.conn.is_autocommit() {
+            let e = out.as_ref().err().copied().unwrap_or(Errno::EIO);
+            w.lose_batch(e);
+        }
+        Ok(out)
+    }
+
+    /// Install the hook told when a batch is lost.
+    pub fn set_lost_hook(&self, hook: LostHook) {
+        self.writer.lock().on_lost = Some(hook);
+    }
+
+    /// Commit the open batch when its window has elapsed; sleep otherwise.
+    fn flusher(&self) {
+        let mut w = self.writer.lock();
+        loop {
+            if w.shutdown {
+                return;
+            }
+            let due = match (&w.batch, w.policy) {
+                (Some(b), Some(p)) => Some(b.since + p.window),
+                _ => None,
+            };
+            match due {
+                None => self.wake.wait(&mut w),
+                Some(d) if d <= Instant::now() => {
+                    // A failure is remembered for the next barrier.
+                    let _ = w.commit();
+                }
+                Some(d) => {
+                    self.wake.wait_until(&mut w, d);
+                }
+            }
+        }
+    }
+
+    /// Stop the flusher and commit the open batch (no barrier). Idempotent.
+    pub fn shutdown(&self) -> Result<(), Errno> {
+        let out = {
+            let mut w = self.writer.lock();
+            w.shutdown = true;
+            w.commit()
+        };
+        self.wake.notify_all();
+        let h = self.flusher.lock().take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+        out
     }
 }
 

@@ -16,8 +16,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use crate::errno::Errno;
 
 pub mod backup;
@@ -41,6 +39,7 @@ pub mod tools;
 mod xattr;
 
 pub use check::Finding;
+pub use conn::{LostHook, NamespaceBatch};
 pub use schema::{
     USER_VERSION_V00, USER_VERSION_V02, USER_VERSION_V03, USER_VERSION_V04, USER_VERSION_V05,
 };
@@ -214,12 +213,15 @@ pub enum StoreError {
 pub struct SqliteDurability {
     path: PathBuf,
     config: FsConfig,
-    writer: Arc<Mutex<conn::Writer>>,
+    writer: Arc<conn::WriterCell>,
 }
 
 impl batch::Durability for SqliteDurability {
+    /// With namespace batching the bytes join the open batch transaction as one savepoint
+    /// (visible at once through the writer, durable with the batch's COMMIT and the next
+    /// barrier, which reports a lost batch).
     fn commit_batch(&self, batch: &[Arc<batch::InodeBatch>]) -> Result<(), Errno> {
-        self.writer.lock().transact(|c| {
+        self.writer.transact(|c| {
             for b in batch {
                 apply(c, &self.config, b)?;
             }
@@ -299,11 +301,11 @@ const OPTIMISTIC_TRIES: usize = 3;
 pub struct Store {
     path: PathBuf,
     config: FsConfig,
-    /// The one writer connection (`None` for a read-only open). Holding the mutex is the right
-    /// to run a write transaction: every mutation is exactly one BEGIN IMMEDIATE ... COMMIT
-    /// under it, and [`Store::sync`] holds it so no commit races the barrier. Shared with the
-    /// batcher's [`SqliteDurability`].
-    writer: Option<Arc<Mutex<conn::Writer>>>,
+    /// The one writer connection (`None` for a read-only open). Holding its mutex is the right
+    /// to write: every mutation is one atomic unit under it (its own transaction, or a
+    /// savepoint of the open namespace batch), and [`Store::sync`] holds it so no commit races
+    /// the barrier. Shared with the batcher's [`SqliteDurability`].
+    writer: Option<Arc<conn::WriterCell>>,
     /// The write batcher (`None`: read-only, or `AGENTFS_BATCH=0`: one transaction per WRITE).
     batch: Option<Arc<batch::Batcher<SqliteDurability>>>,
     /// Read-only connections for lookups, attribute and data reads.
@@ -331,14 +333,17 @@ impl Store {
     pub fn open(path: &Path, readonly: bool) -> Result<Store, StoreError> {
         let k = crate::knobs::get();
         let batching = k.batch.then(|| batch::BatchConfig::from_knobs(k));
-        Self::open_with(path, readonly, batching)
+        let namespace = conn::NamespaceBatch::from_knobs(k);
+        Self::open_with(path, readonly, batching, namespace)
     }
 
-    /// [`Store::open`] with an explicit batching policy (`None`: one transaction per write).
+    /// [`Store::open`] with explicit batching policies: `batching` for WRITE data (`None`: one
+    /// transaction per write), `namespace` for every mutation (`None`: each commits at once).
     pub fn open_with(
         path: &Path,
         readonly: bool,
         batching: Option<batch::BatchConfig>,
+        namespace: Option<NamespaceBatch>,
     ) -> Result<Store, StoreError> {
         let config = schema::inspect(path)?;
         let sqlite = |source| StoreError::Sqlite {
@@ -348,9 +353,12 @@ impl Store {
         let writer = if readonly {
             None
         } else {
-            let w = conn::Writer::open(path).map_err(sqlite)?;
-            schema::ensure_extensions(&w.conn).map_err(sqlite)?;
-            Some(Arc::new(Mutex::new(w)))
+            let w = conn::Writer::open(path, namespace).map_err(sqlite)?;
+            schema::ensure_extensions(w.conn()).map_err(sqlite)?;
+            Some(conn::WriterCell::new(w).map_err(|source| StoreError::Io {
+                path: path.display().to_string(),
+                source,
+            })?)
         };
         let batch = match (&writer, batching) {
             (Some(w), Some(cfg)) => {
@@ -427,15 +435,40 @@ impl Store {
         f: impl FnOnce(&rusqlite::Connection) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
         let w = self.writer.as_ref().ok_or(Errno::EROFS)?;
-        w.lock().transact(f)
+        w.transact(f)
     }
 
-    /// One read transaction on a pooled read connection.
+    /// One read transaction on a pooled read connection; while a namespace batch is open, on
+    /// the writer connection instead, so every acknowledged operation is visible.
     fn read_tx<T>(
         &self,
         f: impl FnOnce(&rusqlite::Connection) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
+        let f = match &self.writer {
+            Some(w) => match w.read_if_open(f) {
+                Ok(out) => return out,
+                Err(f) => f,
+            },
+            None => f,
+        };
         self.readers.read(f)
+    }
+
+    /// Commit the open namespace batch now (no barrier).
+    #[cfg(test)]
+    pub fn commit_namespace_batch(&self) -> Result<(), Errno> {
+        match &self.writer {
+            Some(w) => w.lock().commit(),
+            None => Ok(()),
+        }
+    }
+
+    /// Tell `hook` whenever a namespace batch is lost (its COMMIT failed and every operation
+    /// of its window was rolled back), so caches of store state can drop everything.
+    pub fn on_lost_batch(&self, hook: conn::LostHook) {
+        if let Some(w) = &self.writer {
+            w.set_lost_hook(hook);
+        }
     }
 
     /// Read attributes from the database and fold pending writes into them, consistently:
@@ -904,9 +937,10 @@ impl Store {
         let Some(w) = &self.writer else {
             return Ok(());
         };
-        let w = w.lock();
+        let mut w = w.lock();
+        w.commit()?;
         let (busy, _, _): (i64, i64, i64) =
-            w.conn
+            w.conn()
                 .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?))
                 })?;
@@ -933,6 +967,11 @@ impl Drop for Store {
         if let Some(b) = &self.batch {
             if let Err(e) = b.shutdown() {
                 tracing::error!("committing pending writes at close failed: {e}");
+            }
+        }
+        if let Some(w) = &self.writer {
+            if let Err(e) = w.shutdown() {
+                tracing::error!("committing batched operations at close failed: {e}");
             }
         }
     }

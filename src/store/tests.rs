@@ -41,8 +41,10 @@ impl Db {
     pub fn path(&self) -> PathBuf {
         self.store.path().to_path_buf()
     }
-    /// A raw connection for inspecting or corrupting rows.
+    /// A raw connection for inspecting or corrupting rows (after committing the open
+    /// namespace batch, whose operations only the writer connection sees).
     pub fn raw(&self) -> rusqlite::Connection {
+        self.store.commit_namespace_batch().unwrap();
         rusqlite::Connection::open(self.store.path()).unwrap()
     }
     pub fn q(&self, sql: &str) -> i64 {
@@ -102,6 +104,15 @@ pub fn batching(window_ms: u64) -> batch::BatchConfig {
     }
 }
 
+/// Namespace batching as the knobs say, with a window that never ends during a test: every
+/// operation stays in the open batch until a barrier, [`Db::raw`] or the op budget.
+pub fn namespace_batching() -> Option<NamespaceBatch> {
+    NamespaceBatch::from_knobs(crate::knobs::get()).map(|p| NamespaceBatch {
+        window: std::time::Duration::from_secs(3600),
+        ..p
+    })
+}
+
 pub fn fresh_cfg(
     chunk_size: u64,
     inline_threshold: u64,
@@ -118,7 +129,13 @@ pub fn fresh_cfg(
         },
     )
     .unwrap();
-    let store = Store::open_with(&path, false, batching).unwrap();
+    let store = Store::open_with(
+        &path,
+        false,
+        batching,
+        namespace_batching(),
+    )
+    .unwrap();
     Db { dir, store }
 }
 

@@ -250,6 +250,8 @@ fn readonly_open_reads_and_refuses_writes() {
     let db = fresh();
     let f = db.file(Ino::ROOT, "f");
     db.write(f, 0, b"hello").unwrap();
+    // Another open sees committed state only: the barrier commits the namespace batch.
+    db.sync().unwrap();
     let ro = Store::open(&db.path(), true).unwrap();
     assert_eq!(ro.read(f, 0, 100).unwrap(), b"hello");
     assert_eq!(ro.write(f, 0, b"x"), Err(Errno::EROFS));
