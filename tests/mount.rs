@@ -203,3 +203,84 @@ fn sigterm_unmounts_cleanly_and_checkpoints() {
     m.mount();
     assert_eq!(fs::read(m.path("kept")).unwrap(), pattern(70_000, 9));
 }
+
+/// Committed state as another process reading the database file sees it: whether the
+/// directory entry `name` exists.
+fn committed_entry(db: &std::path::Path, name: &str) -> bool {
+    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .unwrap();
+    c.query_row(
+        "SELECT count(*) FROM fs_dentry WHERE CAST(name AS BLOB) = CAST(?1 AS BLOB)",
+        [name],
+        |r| r.get::<_, i64>(0),
+    )
+    .unwrap()
+        > 0
+}
+
+fn run(cmd: &str, args: &[&std::path::Path]) -> std::process::Output {
+    std::process::Command::new(cmd).args(args).output().unwrap()
+}
+
+#[test]
+fn operations_in_an_open_batch_are_visible_at_once_and_a_crash_loses_only_them() {
+    if !fuse_or_skip("operations_in_an_open_batch_are_visible_at_once_and_a_crash_loses_only_them")
+    {
+        return;
+    }
+    // A window that never ends during the test, and no kernel caching of names or
+    // attributes, so every stat, listing and open from another process asks the server.
+    let mut m = Mounted::with_env(&[
+        ("AGENTFS_BATCH_NAMESPACE", "1"),
+        ("AGENTFS_BATCH_WINDOW_MS", "600000"),
+        ("AGENTFS_FUSE_ENTRY_TTL_MS", "0"),
+        ("AGENTFS_FUSE_ATTR_TTL_MS", "0"),
+    ]);
+    fs::create_dir(m.path("d")).unwrap();
+    let mut kept = fs::File::create(m.path("d/kept")).unwrap();
+    kept.write_all(b"durable").unwrap();
+    kept.sync_all().unwrap();
+    drop(kept);
+    assert!(committed_entry(&m.db, "kept"), "fsync commits the batch");
+
+    fs::write(m.path("d/new"), b"fresh").unwrap();
+    fs::rename(m.path("d/new"), m.path("d/renamed")).unwrap();
+    fs::create_dir(m.path("d/sub")).unwrap();
+    std::os::unix::fs::symlink("renamed", m.path("d/link")).unwrap();
+    fs::write(m.path("d/gone"), b"x").unwrap();
+    fs::remove_file(m.path("d/gone")).unwrap();
+    // Not committed yet: a reader of the database file does not see them...
+    for name in ["renamed", "sub", "link"] {
+        assert!(!committed_entry(&m.db, name), "{name} committed early");
+    }
+    // ...but every process using the mount does, at once.
+    let d = m.path("d");
+    let ls = run("ls", &[&d]);
+    assert!(ls.status.success());
+    let names = String::from_utf8_lossy(&ls.stdout).to_string();
+    let mut listed: Vec<&str> = names.lines().collect();
+    listed.sort_unstable();
+    assert_eq!(listed, ["kept", "link", "renamed", "sub"]);
+    assert!(run("stat", &[&m.path("d/renamed")]).status.success());
+    assert!(!run("stat", &[&m.path("d/new")]).status.success());
+    assert!(!run("stat", &[&m.path("d/gone")]).status.success());
+    assert_eq!(run("cat", &[&m.path("d/link")]).stdout, b"fresh");
+    assert_eq!(run("readlink", &[&m.path("d/link")]).stdout, b"renamed\n");
+    assert!(run("test", &[std::path::Path::new("-d"), &m.path("d/sub")])
+        .status
+        .success());
+    // A failed operation inside the batch leaves nothing behind and the batch goes on.
+    assert!(fs::create_dir(m.path("d/sub")).is_err());
+    assert!(run("stat", &[&m.path("d/renamed")]).status.success());
+
+    // A crash loses the open window, never what a barrier covered.
+    m.crash();
+    assert_consistent(&m.db);
+    m.mount();
+    assert_eq!(fs::read(m.path("d/kept")).unwrap(), b"durable");
+    for name in ["renamed", "sub", "link", "new"] {
+        assert!(!m.path(&format!("d/{name}")).exists(), "{name} survived");
+    }
+    m.unmount();
+    assert_consistent(&m.db);
+}

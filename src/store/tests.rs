@@ -129,13 +129,7 @@ pub fn fresh_cfg(
         },
     )
     .unwrap();
-    let store = Store::open_with(
-        &path,
-        false,
-        batching,
-        namespace_batching(),
-    )
-    .unwrap();
+    let store = Store::open_with(&path, false, batching, namespace_batching()).unwrap();
     Db { dir, store }
 }
 
