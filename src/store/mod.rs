@@ -463,6 +463,15 @@ impl Store {
         }
     }
 
+    /// Set a pragma on the writer connection (fault injection).
+    #[cfg(test)]
+    pub fn writer_pragma(&self, name: &str, value: &str) -> Result<(), Errno> {
+        if let Some(w) = &self.writer {
+            w.lock().conn().pragma_update(None, name, value)?;
+        }
+        Ok(())
+    }
+
     /// Tell `hook` whenever a namespace batch is lost (its COMMIT failed and every operation
     /// of its window was rolled back), so caches of store state can drop everything.
     pub fn on_lost_batch(&self, hook: conn::LostHook) {

@@ -6,6 +6,7 @@ mod data;
 mod durability;
 mod model;
 mod namespace;
+mod nsbatch;
 mod schema;
 
 use std::path::PathBuf;
@@ -54,6 +55,10 @@ impl Db {
         self.mknod(parent, name.as_bytes(), libc::S_IFREG | 0o644, 0, ME)
             .unwrap()
             .ino
+    }
+    pub fn file_err(&self, parent: Ino, name: &str) -> Option<Errno> {
+        self.mknod(parent, name.as_bytes(), libc::S_IFREG | 0o644, 0, ME)
+            .err()
     }
     pub fn dir(&self, parent: Ino, name: &str) -> Ino {
         self.mkdir(parent, name.as_bytes(), 0o755, ME).unwrap().ino

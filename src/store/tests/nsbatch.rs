@@ -1,0 +1,149 @@
+//! Namespace batching: operations share one open transaction, each atomic on its own; a lost
+//! batch is reported once and tells the caches.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::*;
+
+/// A store whose batch only ends at a barrier (or the op budget), whatever the knobs say.
+fn batched() -> Db {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fs.db");
+    Store::create(&path, &InitOptions::default()).unwrap();
+    let ns = NamespaceBatch {
+        window: std::time::Duration::from_secs(3600),
+        ops: 1_000_000,
+    };
+    let store = Store::open_with(&path, false, None, Some(ns)).unwrap();
+    Db { dir, store }
+}
+
+/// Whether a second connection (another process) sees `name` in the root.
+fn committed(db: &Db, name: &str) -> bool {
+    let c = rusqlite::Connection::open(db.path()).unwrap();
+    c.query_row(
+        "SELECT count(*) FROM fs_dentry WHERE parent_ino = 1 AND CAST(name AS BLOB) = CAST(?1 AS BLOB)",
+        [name],
+        |r| r.get::<_, i64>(0),
+    )
+    .unwrap()
+        > 0
+}
+
+#[test]
+fn operations_are_visible_at_once_and_committed_by_the_barrier() {
+    let db = batched();
+    let d = db.dir(Ino::ROOT, "d");
+    let f = db.file(d, "f");
+    db.write(f, 0, b"hello").unwrap();
+    db.rename(
+        d,
+        b"f",
+        Ino::ROOT,
+        b"g",
+        RenameFlags::default(),
+        &NoReferences,
+    )
+    .unwrap();
+    assert_eq!(db.lookup(Ino::ROOT, b"g").unwrap().ino, f);
+    assert_eq!(db.read(f, 0, 10).unwrap(), b"hello");
+    assert_eq!(db.readdir(d, 0, 10).unwrap().len(), 2, ". and ..");
+    assert!(
+        !committed(&db, "d") && !committed(&db, "g"),
+        "nothing committed yet"
+    );
+    db.sync().unwrap();
+    assert!(committed(&db, "d") && committed(&db, "g"));
+}
+
+#[test]
+fn a_failed_operation_leaves_nothing_and_the_batch_goes_on() {
+    let db = batched();
+    db.dir(Ino::ROOT, "d");
+    // A mkdir over an existing name and an rmdir of a missing one fail inside the batch.
+    assert_eq!(
+        db.mkdir(Ino::ROOT, b"d", 0o755, ME).unwrap_err(),
+        Errno::EEXIST
+    );
+    assert_eq!(
+        db.rmdir(Ino::ROOT, b"missing", &NoReferences).unwrap_err(),
+        Errno::ENOENT
+    );
+    db.file(Ino::ROOT, "f");
+    db.sync().unwrap();
+    assert!(committed(&db, "d") && committed(&db, "f"));
+    db.assert_clean();
+}
+
+#[test]
+fn the_op_budget_commits_without_a_barrier() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fs.db");
+    Store::create(&path, &InitOptions::default()).unwrap();
+    let ns = NamespaceBatch {
+        window: std::time::Duration::from_secs(3600),
+        ops: 3,
+    };
+    let db = Db {
+        store: Store::open_with(&path, false, None, Some(ns)).unwrap(),
+        dir,
+    };
+    db.file(Ino::ROOT, "a");
+    db.file(Ino::ROOT, "b");
+    assert!(!committed(&db, "a"));
+    db.file(Ino::ROOT, "c");
+    assert!(
+        committed(&db, "a") && committed(&db, "c"),
+        "third op commits"
+    );
+}
+
+#[test]
+fn a_failed_commit_loses_the_window_reports_once_and_drops_caches() {
+    let db = batched();
+    let lost = Arc::new(AtomicUsize::new(0));
+    let l = lost.clone();
+    db.on_lost_batch(Arc::new(move || {
+        l.fetch_add(1, Ordering::SeqCst);
+    }));
+    db.file(Ino::ROOT, "kept");
+    // Every new inode from now on adds a row that breaks a deferred foreign key: checked
+    // only at COMMIT, which then fails.
+    db.raw()
+        .execute_batch(
+            "CREATE TABLE boom_parent(id INTEGER PRIMARY KEY);
+             CREATE TABLE boom_child(p INTEGER REFERENCES boom_parent(id)
+                 DEFERRABLE INITIALLY DEFERRED);
+             CREATE TRIGGER boom AFTER INSERT ON fs_inode BEGIN
+                 INSERT INTO boom_child VALUES (NEW.ino);
+             END;",
+        )
+        .unwrap();
+    db.writer_pragma("foreign_keys", "ON").unwrap();
+    let x = db.file(Ino::ROOT, "x");
+    db.unlink(Ino::ROOT, b"kept", &NoReferences).unwrap();
+    assert_eq!(db.lookup(Ino::ROOT, b"x").unwrap().ino, x, "acknowledged");
+    let e = db.sync().unwrap_err();
+    assert_eq!(lost.load(Ordering::SeqCst), 1, "caches told once");
+    // The whole window is gone, nothing else.
+    assert_eq!(db.lookup(Ino::ROOT, b"x").unwrap_err(), Errno::ENOENT);
+    assert!(
+        db.lookup(Ino::ROOT, b"kept").is_ok(),
+        "the unlink was lost too"
+    );
+    db.sync().unwrap();
+    // Later operations commit one by one and see a persisting failure themselves.
+    assert_eq!(db.file_err(Ino::ROOT, "y"), Some(e));
+    assert!(db.lookup(Ino::ROOT, b"y").is_err());
+    db.raw().execute_batch("DROP TRIGGER boom").unwrap();
+    db.file(Ino::ROOT, "z");
+    assert!(committed(&db, "z"), "committed on its own while degraded");
+    // One success ends the degraded mode: batching again.
+    db.file(Ino::ROOT, "w");
+    assert!(!committed(&db, "w"));
+    db.sync().unwrap();
+    assert!(committed(&db, "w"));
+    assert_eq!(lost.load(Ordering::SeqCst), 1);
+    db.assert_clean();
+}
