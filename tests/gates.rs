@@ -67,11 +67,11 @@ fn posix_gate_passes_with_batching_off() {
     if !fuse_or_skip("posix_gate_passes_with_batching_off") {
         return;
     }
-    // The kill switch: one SQLite transaction per WRITE, as before batching.
-    let mut m = Mounted::with_env(&[("AGENTFS_BATCH", "0")]);
+    // Both kill switches: one SQLite transaction per WRITE and per namespace operation.
+    let mut m = Mounted::with_env(&[("AGENTFS_BATCH", "0"), ("AGENTFS_BATCH_NAMESPACE", "0")]);
     let (ok, text) = gate(&["validation/posix_gate.py", m.mnt.to_str().unwrap()]);
     println!("{text}");
-    assert!(ok, "posix gate failed with AGENTFS_BATCH=0:\n{text}");
+    assert!(ok, "posix gate failed with batching off:\n{text}");
     m.unmount();
     common::assert_consistent(&m.db);
 }
@@ -123,7 +123,8 @@ fn crash_gate_passes() {
     crash_gate("20", &[("AGENTFS_BATCH", "1")]);
 }
 
-/// A long group-commit window: at each kill most acknowledged bytes are still pending.
+/// A long group-commit window: at each kill most acknowledged bytes are still pending and
+/// most acknowledged operations are in the open namespace batch.
 #[test]
 fn crash_gate_passes_with_a_long_batch_window() {
     if !fuse_or_skip("crash_gate_passes_with_a_long_batch_window") {
@@ -132,11 +133,14 @@ fn crash_gate_passes_with_a_long_batch_window() {
     crash_gate("4", &[("AGENTFS_BATCH_WINDOW_MS", "2000")]);
 }
 
-/// The kill switch: one transaction per WRITE.
+/// Both kill switches: one transaction per WRITE and per namespace operation.
 #[test]
 fn crash_gate_passes_with_batching_off() {
     if !fuse_or_skip("crash_gate_passes_with_batching_off") {
         return;
     }
-    crash_gate("4", &[("AGENTFS_BATCH", "0")]);
+    crash_gate(
+        "4",
+        &[("AGENTFS_BATCH", "0"), ("AGENTFS_BATCH_NAMESPACE", "0")],
+    );
 }

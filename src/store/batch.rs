@@ -366,10 +366,10 @@ impl View<'_> {
 
 /// The pending map and the committer. `D` is the durable backend.
 ///
-/// Lock order: `state` is a leaf with respect to the backend — it is never held while calling
-/// `commit_batch`/`barrier` or waiting for the SQLite writer lock; the backend may hold the
-/// writer lock while it is taken (it never is today). Readers may hold `state` across a
-/// read-only SQLite transaction (pool idle list after `state`).
+/// Lock order: the batcher never holds `state` while calling `commit_batch`/`barrier`; the
+/// backend must not take `state` while it holds the SQLite writer lock. Readers may hold `state`
+/// across a read (pool idle list, or the writer lock while a namespace batch is open, after
+/// `state`).
 pub struct Batcher<D: Durability> {
     backend: D,
     cfg: BatchConfig,

@@ -1,7 +1,10 @@
 //! The store: the SPEC v0.5 schema on SQLite, the one authority for all filesystem state.
 //!
-//! Connections: one writer connection behind a mutex (every mutation is one transaction on it)
-//! and a pool of read connections (WAL lets readers proceed while the writer commits).
+//! Connections: one writer connection behind a mutex (every mutation is one atomic unit on it)
+//! and a pool of read connections (WAL lets readers proceed while the writer commits). With
+//! namespace batching (`AGENTFS_BATCH_NAMESPACE`, the default) mutations are savepoints of one
+//! write transaction kept open for a short window; while it is open, reads run on the writer
+//! connection so they see every acknowledged operation.
 //! Durability: commits run with `synchronous=NORMAL`; [`Store::sync`] is the barrier that makes
 //! every committed transaction durable (a real fdatasync of the WAL), see SPEC.md "Durability".
 //! With batching on (`AGENTFS_BATCH`, the default) a WRITE is acknowledged from memory and
@@ -295,8 +298,9 @@ const OPTIMISTIC_TRIES: usize = 3;
 ///
 /// Lock order: a batch claim ([`batch::Batcher::claim`], taken in ascending inode order)
 /// before the writer mutex; the writer mutex, then (briefly, never while waiting on SQLite)
-/// the pool's idle list. The batcher's state lock is never held while waiting for the writer.
-/// No store lock is held while a [`Liveness`] is consulted except the writer mutex, so a
+/// the pool's idle list. The batcher's state lock may be held while waiting for the writer (a
+/// reader's locked fallback reads through the writer while a namespace batch is open), so
+/// nothing holding the writer mutex may take the batcher's state lock. No store lock is held while a [`Liveness`] is consulted except the writer mutex, so a
 /// `Liveness` must not call back into the store.
 pub struct Store {
     path: PathBuf,
