@@ -334,6 +334,19 @@ impl WriterCell {
         out
     }
 
+    /// Run `f` as its own transaction after committing the open batch (a failed batch COMMIT is
+    /// remembered for the next barrier). For large units such as a group commit of WRITE data:
+    /// as a savepoint of the batch, every page they change would be copied to the statement
+    /// journal first.
+    pub fn transact_alone<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        let mut w = self.writer.lock();
+        let _ = w.commit();
+        w.transact_alone(f)
+    }
+
     /// While a batch transaction is open its operations are visible only to the writer
     /// connection: run the read `f` there. Hands `f` back when no batch is open (everything
     /// acknowledged is then committed, and a pooled reader sees it).

@@ -220,11 +220,10 @@ pub struct SqliteDurability {
 }
 
 impl batch::Durability for SqliteDurability {
-    /// With namespace batching the bytes join the open batch transaction as one savepoint
-    /// (visible at once through the writer, durable with the batch's COMMIT and the next
-    /// barrier, which reports a lost batch).
+    /// Its own transaction, after the open namespace batch commits (so transactions keep the
+    /// order in which operations were answered).
     fn commit_batch(&self, batch: &[Arc<batch::InodeBatch>]) -> Result<(), Errno> {
-        self.writer.transact(|c| {
+        self.writer.transact_alone(|c| {
             for b in batch {
                 apply(c, &self.config, b)?;
             }
