@@ -53,6 +53,8 @@ knob_table! {
         "Group-commit namespace operations: one SQLite transaction stays open across many operations (each a savepoint) and commits after AGENTFS_BATCH_WINDOW_MS, after AGENTFS_BATCH_NAMESPACE_OPS operations or at a barrier (0 = one transaction per operation).";
     batch_namespace_ops: U64 = 1024, [1, 1000000], Policy, "AGENTFS_BATCH_NAMESPACE_OPS",
         "Most operations one namespace batch transaction holds before it commits.";
+    batch_namespace_gap_ms: U64 = 1, [0, 60000], Policy, "AGENTFS_BATCH_NAMESPACE_GAP_MS",
+        "After a namespace batch commits, operations commit one by one for this long before the next batch opens, so other processes' writers (offline agentfs commands) get the write lock under continuous load, in milliseconds.";
     log: Str = "warn", [0, 0], Policy, "AGENTFS_LOG",
         "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug).";
     require_fuse: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_FUSE",

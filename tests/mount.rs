@@ -233,6 +233,7 @@ fn operations_in_an_open_batch_are_visible_at_once_and_a_crash_loses_only_them()
     let mut m = Mounted::with_env(&[
         ("AGENTFS_BATCH_NAMESPACE", "1"),
         ("AGENTFS_BATCH_WINDOW_MS", "600000"),
+        ("AGENTFS_BATCH_NAMESPACE_GAP_MS", "0"),
         ("AGENTFS_FUSE_ENTRY_TTL_MS", "0"),
         ("AGENTFS_FUSE_ATTR_TTL_MS", "0"),
     ]);

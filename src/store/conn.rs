@@ -43,6 +43,10 @@ pub fn open(path: &Path, readonly: bool) -> rusqlite::Result<Connection> {
 pub struct NamespaceBatch {
     pub window: Duration,
     pub ops: u64,
+    /// After a batch commits, operations commit one by one for this long before the next batch
+    /// opens: the write lock is then free between them, so another process's writer (an
+    /// offline `agentfs` command) gets it even under continuous load.
+    pub gap: Duration,
 }
 
 impl NamespaceBatch {
@@ -51,6 +55,7 @@ impl NamespaceBatch {
         k.batch_namespace.then(|| NamespaceBatch {
             window: Duration::from_millis(k.batch_window_ms),
             ops: k.batch_namespace_ops.max(1),
+            gap: Duration::from_millis(k.batch_namespace_gap_ms),
         })
     }
 }
@@ -77,6 +82,8 @@ pub struct Writer {
     batch: Option<OpenBatch>,
     /// Mirrors `batch.is_some()` for readers that do not hold the lock.
     open_flag: Arc<AtomicBool>,
+    /// When the last batch committed (see [`NamespaceBatch::gap`]).
+    last_commit: Option<Instant>,
     /// A transaction committed since the last successful barrier.
     dirty: bool,
     /// `PRAGMA data_version` at the last successful barrier (moves when another process
@@ -103,6 +110,7 @@ impl Writer {
             policy,
             batch: None,
             open_flag: Arc::new(AtomicBool::new(false)),
+            last_commit: None,
             dirty: true,
             synced_version: None,
             lost: None,
@@ -131,6 +139,9 @@ impl Writer {
             return (self.transact_alone(f), false);
         };
         let opened = self.batch.is_none();
+        if opened && self.last_commit.is_some_and(|t| t.elapsed() < policy.gap) {
+            return (self.transact_alone(f), false);
+        }
         if opened {
             if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
                 return (Err(e.into()), false);
@@ -218,6 +229,7 @@ impl Writer {
             Ok(()) => {
                 self.batch = None;
                 self.open_flag.store(false, Ordering::Release);
+                self.last_commit = Some(Instant::now());
                 self.dirty = true;
                 Ok(())
             }

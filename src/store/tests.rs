@@ -114,6 +114,7 @@ pub fn batching(window_ms: u64) -> batch::BatchConfig {
 pub fn namespace_batching() -> Option<NamespaceBatch> {
     NamespaceBatch::from_knobs(crate::knobs::get()).map(|p| NamespaceBatch {
         window: std::time::Duration::from_secs(3600),
+        gap: std::time::Duration::ZERO,
         ..p
     })
 }

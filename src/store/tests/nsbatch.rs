@@ -14,6 +14,7 @@ fn batched() -> Db {
     let ns = NamespaceBatch {
         window: std::time::Duration::from_secs(3600),
         ops: 1_000_000,
+        gap: std::time::Duration::ZERO,
     };
     let store = Store::open_with(&path, false, None, Some(ns)).unwrap();
     Db { dir, store }
@@ -84,6 +85,7 @@ fn the_op_budget_commits_without_a_barrier() {
     let ns = NamespaceBatch {
         window: std::time::Duration::from_secs(3600),
         ops: 3,
+        gap: std::time::Duration::ZERO,
     };
     let db = Db {
         store: Store::open_with(&path, false, None, Some(ns)).unwrap(),
