@@ -3,6 +3,7 @@
 //! Every transport thread calls [`Dispatcher::handle`] concurrently; the store serialises
 //! mutations on its writer connection and serves reads from per-thread read connections.
 
+mod acl;
 mod attr;
 pub mod fs;
 mod refs;
@@ -263,6 +264,9 @@ impl Dispatcher {
                 .fs
                 .statfs()
                 .map(|s| Reply::Data(reply::statfs(&attr::kstatfs(&s)))),
+            Operation::Setxattr { name, value, flags } if *name == acl::ACCESS => {
+                self.set_access_acl(ino, value, *flags)
+            }
             Operation::Setxattr { name, value, flags } => {
                 self.fs.setxattr(ino, name, value, *flags).map(|_| empty())
             }
@@ -403,6 +407,31 @@ impl Dispatcher {
         };
         let a = self.fs.setattr(ino, &set)?;
         Ok(Reply::Data(reply::attr(&attr::attr_out(&a, self.ttl.attr))))
+    }
+
+    /// setxattr of an access ACL: it sets the mode (see `acl`).
+    fn set_access_acl(&self, ino: Ino, value: &[u8], flags: u32) -> Result<Reply, Errno> {
+        let m = acl::parse(value)?;
+        let mode = self.fs.getattr(ino)?.mode;
+        let set = SetAttr {
+            mode: Some((mode & 0o7000) | m.perm),
+            uid: None,
+            gid: None,
+            size: None,
+            atime: None,
+            mtime: None,
+            ctime: None,
+        };
+        self.fs.setattr(ino, &set)?;
+        if m.extended {
+            self.fs.setxattr(ino, acl::ACCESS, value, flags)?;
+        } else {
+            match self.fs.removexattr(ino, acl::ACCESS) {
+                Err(e) if e != Errno::ENODATA => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(empty())
     }
 
     fn rename(

@@ -329,6 +329,17 @@ impl Overlay {
     /// delta inode (the existing one if it is already there). `expect`: the version the kernel
     /// was shown of a regular file; a different file now is EIO (drift).
     fn copy_up(&self, path: &[u8], expect: Option<Fingerprint>) -> Result<Ino, Errno> {
+        self.copy_up_as(path, expect, false)
+    }
+
+    /// [`Overlay::copy_up`]; `empty`: a regular file's bytes are not needed (it is about to be
+    /// truncated to zero).
+    fn copy_up_as(
+        &self,
+        path: &[u8],
+        expect: Option<Fingerprint>,
+        empty: bool,
+    ) -> Result<Ino, Errno> {
         if path == b"/" {
             return Ok(Ino::ROOT);
         }
@@ -368,6 +379,11 @@ impl Overlay {
                 let target = self.base.readlink(path)?;
                 self.store
                     .copy_up(parent, name, &meta, Content::Symlink(&target), &no_check)?
+            }
+            libc::S_IFREG if empty => {
+                let mut nothing = |_: &mut [u8]| Ok(0);
+                self.store
+                    .copy_up(parent, name, &meta, Content::File(&mut nothing), &no_check)?
             }
             libc::S_IFREG => match self.partial.origin_for(path, &st) {
                 Some(po) => {
@@ -593,7 +609,24 @@ impl Filesystem for Overlay {
     }
 
     fn setattr(&self, node: Ino, set: &SetAttr) -> Result<Attr, Errno> {
-        let x = self.ensure_delta(node)?;
+        // Truncating a base file to zero (O_TRUNC) copies none of its bytes.
+        let x = match (self.resolve(node)?, set.size) {
+            (
+                Target::Base {
+                    path,
+                    fp,
+                    unlinked: false,
+                },
+                Some(0),
+            ) => {
+                let _g = self.change.lock();
+                match self.resolve(node)? {
+                    Target::Delta(x) => x,
+                    _ => self.copy_up_as(&path, fp, true)?,
+                }
+            }
+            _ => self.ensure_delta(node)?,
+        };
         if let Some(size) = set.size {
             self.partial.resize(&self.store, &self.base, x, size)?;
         }
