@@ -31,6 +31,7 @@ mod inode;
 pub mod kv;
 pub mod migrate;
 mod namespace;
+pub mod overlay;
 pub mod progress;
 pub mod repair;
 mod schema;
