@@ -182,15 +182,23 @@ pub fn create(db: &Path, opts: &super::InitOptions, cfg: &OverlayConfig) -> Resu
 }
 
 impl Store {
-    /// The overlay configuration (`None` for an ordinary database).
-    pub fn overlay_config(&self) -> Result<Option<OverlayConfig>, String> {
-        let mut out = Ok(None);
+    /// One read transaction whose closure reports its own one-line errors.
+    fn overlay_read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let mut out = None;
         self.read_tx(|c| {
-            out = read_config(c);
+            out = Some(f(c));
             Ok(())
         })
         .map_err(|e| format!("{}: {e}", self.path().display()))?;
-        out
+        out.unwrap_or_else(|| Err(format!("{}: read failed", self.path().display())))
+    }
+
+    /// The overlay configuration (`None` for an ordinary database).
+    pub fn overlay_config(&self) -> Result<Option<OverlayConfig>, String> {
+        self.overlay_read(read_config)
     }
 }
 
@@ -316,4 +324,43 @@ pub fn partial_origins_by_ino(c: &Connection) -> rusqlite::Result<HashMap<i64, P
 /// The target of symlink `ino`.
 pub fn read_symlink(c: &Connection, ino: Ino) -> Result<Vec<u8>, Errno> {
     super::namespace::readlink(c, ino)
+}
+
+/// Everything `diff` and `apply` read from a delta database, taken in one read transaction.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub config: OverlayConfig,
+    pub delta: Delta,
+    /// Partial-origin rows by delta inode.
+    pub partial: HashMap<i64, PartialOrigin>,
+}
+
+impl Store {
+    /// The delta of an overlay database; an error for an ordinary one.
+    pub fn overlay_snapshot(&self) -> Result<Snapshot, String> {
+        let db = self.path().display().to_string();
+        self.overlay_read(|c| {
+            let config = read_config(c)?.ok_or_else(|| {
+                format!("{db} is not an overlay delta (no base directory; see agentfs init --base)")
+            })?;
+            let delta = read_delta(c).map_err(|e| format!("{db}: reading the delta tree: {e}"))?;
+            let partial = partial_origins_by_ino(c).map_err(|e| format!("{db}: {e}"))?;
+            Ok(Snapshot {
+                config,
+                delta,
+                partial,
+            })
+        })
+    }
+
+    /// The whole content of delta file `ino` (see [`read_content`]).
+    pub fn overlay_file(&self, ino: Ino, po: Option<&PartialOrigin>) -> Result<Vec<u8>, String> {
+        let cfg = self.config();
+        self.overlay_read(|c| read_content(c, &cfg, ino, po))
+    }
+
+    /// The target of delta symlink `ino`.
+    pub fn overlay_symlink(&self, ino: Ino) -> Result<Vec<u8>, String> {
+        self.overlay_read(|c| read_symlink(c, ino).map_err(|e| format!("inode {}: {e}", ino.0)))
+    }
 }
