@@ -620,3 +620,123 @@ fn patch_and_apply_produce_the_same_expected_tree() {
     // The original base was only read.
     assert_eq!(tree(&base), base_before);
 }
+
+#[test]
+fn apply_refuses_a_base_dir_replaced_by_a_symlink_and_writes_nothing_outside() {
+    let d = scratch();
+    let base = d.path().join("base");
+    make_base(&base);
+    let db = d.path().join("delta.sqlite");
+    make_delta(&db, &base);
+    let outside = d.path().join("outside");
+    fs::create_dir_all(outside.join("a/b")).unwrap();
+    fs::write(outside.join("old.c"), b"outside\n").unwrap();
+    fs::write(outside.join("a/b/f.txt"), b"outside\n").unwrap();
+    let outside_before = tree(&outside);
+
+    // The copied-up directory src/ became a symlink to a directory outside the base.
+    let copy = d.path().join("copy");
+    copy_tree(&base, &copy);
+    fs::remove_dir_all(copy.join("src")).unwrap();
+    std::os::unix::fs::symlink(&outside, copy.join("src")).unwrap();
+    let db2 = db_for(&db, &copy, "delta2.sqlite");
+    let copy_before = tree(&copy);
+    for args in [vec!["apply", s(&db2)], vec!["apply", s(&db2), "--dry-run"]] {
+        one_line_error(&agentfs(&args), "refusing");
+    }
+    assert_eq!(tree(&copy), copy_before, "nothing written in the base");
+    assert_eq!(tree(&outside), outside_before, "nothing written outside");
+
+    // A whiteout beneath a symlinked directory deletes nothing through it.
+    let copy3 = d.path().join("copy3");
+    copy_tree(&base, &copy3);
+    fs::remove_dir_all(copy3.join("deep")).unwrap();
+    std::os::unix::fs::symlink(&outside, copy3.join("deep")).unwrap();
+    let db3 = db_for(&db, &copy3, "delta3.sqlite");
+    let listed = stdout(&agentfs(&["diff", s(&db3)]));
+    assert!(!listed.contains("/deep/"), "{listed}");
+    stdout(&agentfs(&["apply", s(&db3)]));
+    assert_eq!(tree(&outside), outside_before, "nothing written outside");
+    assert!(fs::symlink_metadata(copy3.join("deep"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
+
+#[test]
+fn apply_sets_exact_modes_and_creates_empty_directories() {
+    let d = scratch();
+    let base = d.path().join("base");
+    fs::create_dir_all(base.join("shared")).unwrap();
+    fs::set_permissions(base.join("shared"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(base.join("secret"), b"s\n").unwrap();
+    fs::set_permissions(base.join("secret"), fs::Permissions::from_mode(0o644)).unwrap();
+    let db = d.path().join("delta.sqlite");
+    {
+        let b = DeltaBuilder::new(&db, &base);
+        let r = Ino::ROOT;
+        b.dir(r, "shared", 0o700, Some("shared"));
+        b.dir(r, "empty", 0o750, None);
+        b.file(r, "secret", b"s\n", 0o600, Some("secret"));
+        let ro = b.dir(r, "ro", 0o555, None);
+        b.file(ro, "inside", b"i\n", 0o400, None);
+    }
+    let text = stdout(&agentfs(&["diff", s(&db)]));
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        [
+            "A /empty",
+            "A /ro",
+            "A /ro/inside",
+            "M /secret",
+            "M /shared"
+        ]
+    );
+    stdout(&agentfs(&["apply", s(&db)]));
+    let t = tree(&base);
+    assert_eq!(t["empty"], ('d', 0o750, Vec::new()));
+    assert_eq!(t["shared"], ('d', 0o700, Vec::new()));
+    assert_eq!(t["secret"], ('f', 0o600, b"s\n".to_vec()));
+    assert_eq!(t["ro"], ('d', 0o555, Vec::new()));
+    assert_eq!(t["ro/inside"], ('f', 0o400, b"i\n".to_vec()));
+    assert!(stdout(&agentfs(&["apply", s(&db)])).starts_with("nothing to do"));
+}
+
+#[test]
+fn bad_inputs_give_one_line_errors() {
+    let d = scratch();
+    let base = d.path().join("base");
+    fs::create_dir(&base).unwrap();
+    let plain = d.path().join("plain.sqlite");
+    assert!(agentfs(&["init", s(&plain)]).status.success());
+    one_line_error(&agentfs(&["diff", s(&plain)]), "not an overlay delta");
+    one_line_error(&agentfs(&["apply", s(&plain)]), "not an overlay delta");
+    let missing = d.path().join("missing.sqlite");
+    one_line_error(&agentfs(&["diff", s(&missing)]), "missing.sqlite");
+    one_line_error(&agentfs(&["apply", s(&missing)]), "missing.sqlite");
+    let junk = d.path().join("junk");
+    fs::write(&junk, b"not a database at all, only some text").unwrap();
+    one_line_error(&agentfs(&["diff", s(&junk)]), "not");
+    // The base directory is gone.
+    let db = d.path().join("delta.sqlite");
+    assert!(agentfs(&["init", s(&db), "--base", s(&base)])
+        .status
+        .success());
+    fs::remove_dir(&base).unwrap();
+    one_line_error(&agentfs(&["diff", s(&db)]), "base");
+    one_line_error(&agentfs(&["apply", s(&db)]), "base");
+    let out = agentfs(&["diff", s(&db), "--patch", "--json"]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn apply_refuses_a_mounted_database() {
+    if !common::fuse_or_skip("apply_refuses_a_mounted_database") {
+        return;
+    }
+    let m = common::Mounted::new();
+    let before = fs::read(&m.db).unwrap_or_default();
+    one_line_error(&agentfs(&["apply", s(&m.db)]), "unmount it before apply");
+    one_line_error(&agentfs(&["apply", s(&m.db), "--dry-run"]), "mounted");
+    assert_eq!(fs::read(&m.db).unwrap_or_default().len(), before.len());
+}

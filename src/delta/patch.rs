@@ -44,7 +44,7 @@ fn is_binary(data: &[u8]) -> bool {
 fn quote(prefix: &str, path: &[u8]) -> Vec<u8> {
     let needs = path
         .iter()
-        .any(|&b| b < 0x20 || b >= 0x7f || b == b'"' || b == b'\\');
+        .any(|&b| !(0x20..0x7f).contains(&b) || b == b'"' || b == b'\\');
     let mut out = Vec::new();
     if !needs {
         out.extend_from_slice(prefix.as_bytes());
@@ -64,7 +64,9 @@ fn quote(prefix: &str, path: &[u8]) -> Vec<u8> {
             0x08 => out.extend_from_slice(b"\\b"),
             0x0b => out.extend_from_slice(b"\\v"),
             0x0c => out.extend_from_slice(b"\\f"),
-            b if b < 0x20 || b >= 0x7f => out.extend_from_slice(format!("\\{b:03o}").as_bytes()),
+            b if !(0x20..0x7f).contains(&b) => {
+                out.extend_from_slice(format!("\\{b:03o}").as_bytes())
+            }
             b => out.push(b),
         }
     }
