@@ -17,8 +17,6 @@ use std::path::Path;
 pub struct Stat {
     /// st_mode: type and permission bits.
     pub mode: u32,
-    pub size: u64,
-    pub ino: u64,
 }
 
 impl Stat {
@@ -287,9 +285,5 @@ impl Beneath {
 }
 
 fn to_stat(st: &libc::stat) -> Stat {
-    Stat {
-        mode: st.st_mode,
-        size: st.st_size.max(0) as u64,
-        ino: st.st_ino,
-    }
+    Stat { mode: st.st_mode }
 }
