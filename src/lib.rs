@@ -6,6 +6,7 @@
 
 pub mod abi;
 pub mod cli;
+pub mod delta;
 pub mod dispatch;
 pub mod errno;
 pub mod knobs;

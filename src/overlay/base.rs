@@ -39,16 +39,6 @@ fn rel(path: &[u8]) -> &[u8] {
     path.strip_prefix(b"/").unwrap_or(path)
 }
 
-/// `dir/name` as an absolute path.
-pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = dir.to_vec();
-    if p.last() != Some(&b'/') {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
-}
-
 /// The kernel's 32-bit device encoding (new_encode_dev) of a stat st_rdev.
 pub fn kernel_rdev(rdev: u64) -> u32 {
     let major = libc::major(rdev);
@@ -80,8 +70,9 @@ pub fn attr_of(st: &libc::stat) -> Attr {
     }
 }
 
+/// Nothing reachable there: missing, or behind a symlink (never followed).
 fn not_found(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+    crate::sys::beneath::is_missing(e) || crate::sys::beneath::is_escape(e)
 }
 
 impl BaseLayer {
@@ -97,14 +88,14 @@ impl BaseLayer {
     /// lstat of `path`; None when nothing is there.
     pub fn lstat(&self, path: &[u8]) -> Result<Option<libc::stat>, Errno> {
         match self.tree.lstat(rel(path)) {
-            Ok(st) => Ok(Some(st)),
+            Ok(st) => Ok(st.map(|s| s.raw)),
             Err(e) if not_found(&e) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
 
     pub fn readlink(&self, path: &[u8]) -> Result<Vec<u8>, Errno> {
-        Ok(self.tree.readlink(rel(path))?)
+        Ok(self.tree.read_link(rel(path))?)
     }
 
     /// Open `path` for a copy or a partial-origin read.
@@ -120,7 +111,7 @@ impl BaseLayer {
                 return Ok(l.clone());
             }
         }
-        let mut entries = match self.tree.list(rel(path)) {
+        let mut entries = match self.tree.entries(rel(path)) {
             Ok(e) => e,
             Err(e) if not_found(&e) => Vec::new(),
             Err(e) => return Err(e.into()),

@@ -23,64 +23,25 @@ mod nodes;
 mod partial;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
 use crate::dispatch::{Entry, Filesystem, LookupRefs};
 use crate::errno::Errno;
-use crate::store::delta::{parent_path, BaseMeta, Content};
+use crate::store::overlay::{join, parent_path, BaseMeta, Content, OverlayConfig};
 use crate::store::{
     Attr, Caller, DirEntry, Effects, Ino, Liveness, NewKind, RenameFlags, SetAttr, StatFs, Store,
     Timespec,
 };
 
-use base::{join, BaseLayer};
+use base::BaseLayer;
 use nodes::{Fingerprint, Nodes, Target};
 
 /// Readdir cookies at and above this number index the base part of a listing.
 const BASE_COOKIE: u64 = 1 << 62;
 /// How often a lookup retries when a copy-up raced it.
 const RETRIES: usize = 16;
-
-/// When a copied-up regular file keeps the base as the source of its unchanged chunks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PartialPolicy {
-    Off,
-    On,
-    /// Files of at least this many bytes.
-    Auto(u64),
-}
-
-/// An overlay database's settings (fs_overlay_config).
-#[derive(Clone, Debug)]
-pub struct OverlayConfig {
-    pub base: PathBuf,
-    pub partial: PartialPolicy,
-}
-
-impl OverlayConfig {
-    /// The settings recorded in the store; None for a plain database.
-    pub fn of(store: &Store) -> Result<Option<OverlayConfig>, Errno> {
-        let Some(base) = store.overlay_setting("base_path")? else {
-            return Ok(None);
-        };
-        let threshold = store
-            .overlay_setting("partial_origin_threshold_bytes")?
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(8 << 20);
-        let partial = match store.overlay_setting("partial_origin")?.as_deref() {
-            Some("on") => PartialPolicy::On,
-            Some("auto") => PartialPolicy::Auto(threshold),
-            _ => PartialPolicy::Off,
-        };
-        Ok(Some(OverlayConfig {
-            base: PathBuf::from(base),
-            partial,
-        }))
-    }
-}
 
 /// One page of a merged listing: each entry with its base path when it comes from the base.
 type Page = Vec<(DirEntry, Option<Vec<u8>>)>;
@@ -139,19 +100,20 @@ impl Overlay {
         cfg: &OverlayConfig,
         files_cap: usize,
     ) -> Result<Overlay, String> {
-        let md = std::fs::metadata(&cfg.base)
-            .map_err(|e| format!("base directory {}: {e}", cfg.base.display()))?;
+        let root = &cfg.base_path;
+        let md = std::fs::metadata(root)
+            .map_err(|e| format!("base directory {}: {e}", root.display()))?;
         if !md.is_dir() {
-            return Err(format!("base {} is not a directory", cfg.base.display()));
+            return Err(format!("base {} is not a directory", root.display()));
         }
-        let base = BaseLayer::open(&cfg.base, files_cap)
-            .map_err(|e| format!("base directory {}: {e}", cfg.base.display()))?;
+        let base = BaseLayer::open(root, files_cap)
+            .map_err(|e| format!("base directory {}: {e}", root.display()))?;
         let origins = store
             .origins()
             .map_err(|e| format!("reading fs_origin: {e}"))?;
         let chunk = store.config().chunk_size;
         let inline = store.config().inline_threshold;
-        let partial = partial::Partials::new(cfg.partial, chunk, inline, cfg.base.clone());
+        let partial = partial::Partials::new(cfg.clone(), chunk, inline);
         partial
             .settle(&store)
             .map_err(|e| format!("reading fs_partial_origin: {e}"))?;

@@ -17,9 +17,9 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::base::BaseLayer;
-use super::PartialPolicy;
 use crate::errno::Errno;
 use crate::store::backup::PartialOrigin;
+use crate::store::overlay::{OverlayConfig, PartialOriginPolicy};
 use crate::store::{Ino, Store};
 
 /// One partial-origin file.
@@ -34,10 +34,9 @@ pub struct PartialFile {
 
 /// The partial-origin policy and the files that use it.
 pub struct Partials {
-    policy: PartialPolicy,
+    config: OverlayConfig,
     chunk: u64,
     inline: u64,
-    root: PathBuf,
     /// Known state per delta inode (None: not partial). Unused when nothing is partial.
     files: Mutex<HashMap<Ino, Option<Arc<PartialFile>>>>,
     /// Whether any file can be partial: the policy is on, or the database has such files.
@@ -45,20 +44,20 @@ pub struct Partials {
 }
 
 impl Partials {
-    pub fn new(policy: PartialPolicy, chunk: u64, inline: u64, root: PathBuf) -> Partials {
+    pub fn new(config: OverlayConfig, chunk: u64, inline: u64) -> Partials {
         Partials {
             active: std::sync::atomic::AtomicBool::new(true),
-            policy,
+            config,
             chunk,
             inline,
-            root,
             files: Mutex::new(HashMap::new()),
         }
     }
 
     /// Skip the per-inode check when the policy is off and the database has no partial file.
     pub fn settle(&self, store: &Store) -> Result<(), Errno> {
-        let any = self.policy != PartialPolicy::Off || store.has_partial_origins()?;
+        let any = self.config.partial_origin != PartialOriginPolicy::Off
+            || store.has_partial_origins()?;
         self.active.store(any, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
@@ -68,15 +67,10 @@ impl Partials {
     /// cheaper to copy than to track).
     pub fn origin_for(&self, path: &[u8], st: &libc::stat) -> Option<PartialOrigin> {
         let size = u64::try_from(st.st_size).ok()?;
-        let wanted = match self.policy {
-            PartialPolicy::Off => false,
-            PartialPolicy::On => true,
-            PartialPolicy::Auto(min) => size >= min,
-        };
-        if !wanted || size <= self.inline {
+        if !self.config.partial_origin_for(size) || size <= self.inline {
             return None;
         }
-        let host = self.root.join(std::ffi::OsStr::from_bytes(
+        let host = self.config.base_path.join(std::ffi::OsStr::from_bytes(
             path.strip_prefix(b"/").unwrap_or(path),
         ));
         Some(PartialOrigin {
@@ -94,9 +88,7 @@ impl Partials {
 
     /// The partial state of delta inode `x`, loaded on first use.
     pub fn get(&self, store: &Store, x: Ino) -> Result<Option<Arc<PartialFile>>, Errno> {
-        if !self.active.load(std::sync::atomic::Ordering::Relaxed)
-            && self.policy == PartialPolicy::Off
-        {
+        if !self.active.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(None);
         }
         if let Some(f) = self.files.lock().get(&x) {
@@ -105,7 +97,7 @@ impl Partials {
         let f = match store.partial_origin(x)? {
             Some(origin) => {
                 let host = PathBuf::from(&origin.base_path);
-                let path = match host.strip_prefix(&self.root) {
+                let path = match host.strip_prefix(&self.config.base_path) {
                     Ok(r) => {
                         let mut p = b"/".to_vec();
                         p.extend_from_slice(r.as_os_str().as_bytes());

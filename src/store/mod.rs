@@ -26,12 +26,12 @@ mod check;
 mod conn;
 mod copy;
 mod data;
-pub mod delta;
 mod dir;
 mod inode;
 pub mod kv;
 pub mod migrate;
 mod namespace;
+pub mod overlay;
 pub mod progress;
 pub mod repair;
 mod schema;
@@ -42,8 +42,8 @@ pub mod tools;
 mod xattr;
 
 pub use check::Finding;
-pub use delta::Effects;
 pub use namespace::NewKind;
+pub use overlay::Effects;
 pub use schema::{
     USER_VERSION_V00, USER_VERSION_V02, USER_VERSION_V03, USER_VERSION_V04, USER_VERSION_V05,
 };
@@ -576,7 +576,7 @@ impl Store {
         self.write_tx(|c| {
             let now = inode::now();
             let a = namespace::create(c, &self.config, parent, name, kind, caller, now)?;
-            delta::apply_effects(c, fx, now)?;
+            overlay::apply_effects(c, fx, now)?;
             Ok(a)
         })
     }
@@ -621,7 +621,7 @@ impl Store {
         let mut a = self.write_tx(|c| {
             let now = inode::now();
             let a = namespace::link(c, &self.config, ino, newparent, newname, now)?;
-            delta::apply_effects(c, fx, now)?;
+            overlay::apply_effects(c, fx, now)?;
             Ok(a)
         })?;
         if let Some(b) = &self.batch {
@@ -661,7 +661,7 @@ impl Store {
             let now = inode::now();
             let victim = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
             namespace::remove(c, parent, name, dir, live, now)?;
-            delta::apply_effects(c, fx, now)?;
+            overlay::apply_effects(c, fx, now)?;
             gone(c, victim)
         })?;
         self.discard_dead(dead);
@@ -718,7 +718,7 @@ impl Store {
                 live,
                 inode::now(),
             )?;
-            delta::apply_effects(c, fx, inode::now())?;
+            overlay::apply_effects(c, fx, inode::now())?;
             gone(c, victim)
         })?;
         self.discard_dead(dead);

@@ -1,18 +1,28 @@
-//! Read-only access to a directory tree that can never leave it: every path is resolved by
-//! `openat2(2)` relative to the tree's root with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, so
-//! neither `..` nor a symlink (planted before or during the walk) reaches outside, and a
-//! symlink is only ever seen as itself, never followed. Nothing here writes.
+//! File operations confined to one directory tree: every path is resolved beneath the root
+//! with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), so no symlink (and no "..") in any
+//! component can lead outside, and the last component is never followed. Used by
+//! overlay mounts and `agentfs diff` (reads of the base) and by `agentfs apply` (its only
+//! writer).
 //!
-//! Paths are relative byte strings without a leading `/` (`""` is the root itself).
+//! Paths are relative byte strings ("a/b"; "" is the root itself).
 
 use std::ffi::CString;
 use std::fs::File;
-use std::io;
+use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-/// One directory entry of the tree: name, DT_* type and inode number.
+/// What lstat found at a path.
+#[derive(Clone, Copy)]
+pub struct Stat {
+    /// st_mode: type and permission bits.
+    pub mode: u32,
+    /// Everything lstat returned.
+    pub raw: libc::stat,
+}
+
+/// One directory entry: name, DT_* type and inode number.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Dirent {
     pub name: Vec<u8>,
@@ -20,100 +30,141 @@ pub struct Dirent {
     pub ino: u64,
 }
 
-/// A directory tree opened once; every access resolves beneath it.
+impl Stat {
+    pub fn kind(&self) -> u32 {
+        self.mode & libc::S_IFMT
+    }
+}
+
+/// A directory tree that operations cannot leave.
 pub struct Beneath {
     root: OwnedFd,
 }
 
-fn cstr(rel: &[u8]) -> io::Result<CString> {
-    let rel = if rel.is_empty() { b"." as &[u8] } else { rel };
-    CString::new(rel).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+fn cstr(b: &[u8]) -> io::Result<CString> {
+    CString::new(b).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// Split "a/b/c" into ("a/b", "c"); "c" into ("", "c").
+fn split(rel: &[u8]) -> (&[u8], &[u8]) {
+    match rel.iter().rposition(|b| *b == b'/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => (&[], rel),
+    }
+}
+
+/// Whether an error means "a component on the way is a symlink or leads outside".
+pub fn is_escape(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::EXDEV))
+}
+
+/// Whether an error means "nothing there" (a missing name or a non-directory on the way).
+pub fn is_missing(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
 }
 
 impl Beneath {
-    /// Open `dir` (which must be a directory) as the root of the tree.
-    pub fn open(dir: &Path) -> io::Result<Beneath> {
-        let c = CString::new(dir.as_os_str().as_bytes())
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: `c` is a valid NUL-terminated string; the returned descriptor is checked
-        // and owned exactly once below.
-        let fd = unsafe {
+    /// Open `root` (a directory) as the confining tree.
+    pub fn open(root: &Path) -> io::Result<Beneath> {
+        let c = cstr(root.as_os_str().as_bytes())?;
+        // SAFETY: `c` is a valid NUL-terminated path; the returned fd is checked and owned.
+        let fd = check(unsafe {
             libc::open(
                 c.as_ptr(),
                 libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
             )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor nobody else owns.
-        Ok(Beneath {
-            root: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        })?;
+        // SAFETY: `fd` was just returned by open and is owned by nothing else.
+        let root = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Beneath { root })
     }
 
-    /// `openat2(root, rel, flags)` confined to the tree, symlinks never followed.
-    fn openat2(&self, rel: &[u8], flags: i32) -> io::Result<OwnedFd> {
-        let c = cstr(rel)?;
-        // SAFETY: open_how is plain data; all-zero is its documented "no options" value and
-        // the fields we need are set right after.
+    /// openat2 beneath the root without following any symlink.
+    fn open_at(&self, rel: &[u8], flags: libc::c_int) -> io::Result<OwnedFd> {
+        let path = cstr(if rel.is_empty() { b"." } else { rel })?;
+        // SAFETY: open_how is plain data; all-zero is its documented "no options" value.
         let mut how: libc::open_how = unsafe { std::mem::zeroed() };
         how.flags = (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64;
-        how.resolve =
-            libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+        how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS;
         loop {
-            // SAFETY: the pointers are valid for the call (`c` NUL-terminated, `how` sized as
-            // passed); the kernel returns a new descriptor or -1.
+            // SAFETY: openat2 reads `path` (NUL-terminated) and `how` (a valid open_how of the
+            // size passed); the returned fd is checked and then owned.
             let fd = unsafe {
                 libc::syscall(
                     libc::SYS_openat2,
                     self.root.as_raw_fd(),
-                    c.as_ptr(),
+                    path.as_ptr(),
                     &how as *const libc::open_how,
                     std::mem::size_of::<libc::open_how>(),
                 )
             };
             if fd >= 0 {
-                // SAFETY: a fresh descriptor owned only here.
-                return Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+                // SAFETY: `fd` was just returned by openat2 and is owned by nothing else.
+                return Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) });
             }
             let e = io::Error::last_os_error();
-            // EAGAIN: a concurrent rename raced the resolution; it is safe to retry.
+            // EAGAIN: a concurrent rename raced the resolution; trying again is safe.
             if e.raw_os_error() != Some(libc::EAGAIN) {
-                // A symlink met in the middle of the path reports ELOOP; to callers that is
-                // "no such directory here".
-                return Err(match e.raw_os_error() {
-                    Some(libc::ELOOP) | Some(libc::EXDEV) => {
-                        io::Error::from_raw_os_error(libc::ENOENT)
-                    }
-                    _ => e,
-                });
+                return Err(e);
             }
         }
     }
 
-    /// lstat(2) of `rel`.
-    pub fn lstat(&self, rel: &[u8]) -> io::Result<libc::stat> {
-        let fd = self.openat2(rel, libc::O_PATH)?;
-        fstat(&fd)
+    /// The directory holding `rel` (resolved beneath the root) and the last component.
+    fn parent<'a>(&self, rel: &'a [u8]) -> io::Result<(OwnedFd, CString, &'a [u8])> {
+        let (dir, name) = split(rel);
+        if name.is_empty() || name == b"." || name == b".." {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let fd = self.open_at(dir, libc::O_PATH | libc::O_DIRECTORY)?;
+        Ok((fd, cstr(name)?, name))
     }
 
-    /// Open the regular file `rel` for reading.
-    pub fn open_file(&self, rel: &[u8]) -> io::Result<File> {
-        let fd = self.openat2(rel, libc::O_RDONLY)?;
-        Ok(File::from(fd))
+    /// lstat of `rel`; `None` when nothing is there (also when a component on the way is not
+    /// a directory). A symlink on the way is an error ([`is_escape`]); a symlink as the last
+    /// component is reported, not followed.
+    pub fn lstat(&self, rel: &[u8]) -> io::Result<Option<Stat>> {
+        let fd = match self.open_at(rel, libc::O_PATH) {
+            Ok(fd) => fd,
+            Err(e) if is_missing(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        // SAFETY: zeroed stat is a valid out-buffer; fstat writes it for a valid fd.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is a valid open descriptor and `st` a valid out-pointer.
+        check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+        Ok(Some(to_stat(&st)))
     }
 
-    /// The target of the symlink `rel`.
-    pub fn readlink(&self, rel: &[u8]) -> io::Result<Vec<u8>> {
-        let fd = self.openat2(rel, libc::O_PATH)?;
+    /// The bytes of regular file `rel`.
+    pub fn read_file(&self, rel: &[u8]) -> io::Result<Vec<u8>> {
+        let fd = self.open_at(rel, libc::O_RDONLY | libc::O_NONBLOCK)?;
+        let mut f = File::from(fd);
+        if !f.metadata()?.is_file() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let mut out = Vec::new();
+        f.read_to_end(&mut out)?;
+        Ok(out)
+    }
+
+    /// The target of symlink `rel`.
+    pub fn read_link(&self, rel: &[u8]) -> io::Result<Vec<u8>> {
+        let (dir, name, _) = self.parent(rel)?;
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-        // SAFETY: `buf` is writable for its length; an empty path with an O_PATH descriptor
-        // reads the link the descriptor refers to.
+        // SAFETY: valid dir fd and NUL-terminated name; readlinkat writes at most buf.len().
         let n = unsafe {
             libc::readlinkat(
-                fd.as_raw_fd(),
-                c"".as_ptr(),
+                dir.as_raw_fd(),
+                name.as_ptr(),
                 buf.as_mut_ptr().cast(),
                 buf.len(),
             )
@@ -125,41 +176,157 @@ impl Beneath {
         Ok(buf)
     }
 
-    /// Every entry of directory `rel` except "." and "..", unsorted.
-    pub fn list(&self, rel: &[u8]) -> io::Result<Vec<Dirent>> {
-        let fd = self.openat2(rel, libc::O_RDONLY | libc::O_DIRECTORY)?;
+    /// The names in directory `rel` ("" for the root), sorted, without "." and "..".
+    pub fn list(&self, rel: &[u8]) -> io::Result<Vec<Vec<u8>>> {
+        let mut names: Vec<_> = self.entries(rel)?.into_iter().map(|e| e.name).collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Open regular file `rel` for reading.
+    pub fn open_file(&self, rel: &[u8]) -> io::Result<File> {
+        Ok(File::from(
+            self.open_at(rel, libc::O_RDONLY | libc::O_NONBLOCK)?,
+        ))
+    }
+
+    /// The entries of directory `rel` ("" for the root), unsorted, without "." and "..".
+    pub fn entries(&self, rel: &[u8]) -> io::Result<Vec<Dirent>> {
+        let fd = self.open_at(rel, libc::O_RDONLY | libc::O_DIRECTORY)?;
         let raw = fd.as_raw_fd();
-        // SAFETY: on success fdopendir takes ownership of the descriptor (closed by closedir
-        // below), so ownership is released from `fd` first.
-        let dir = unsafe { libc::fdopendir(raw) };
-        if dir.is_null() {
+        // SAFETY: fdopendir takes ownership of a valid directory fd on success.
+        let dirp = unsafe { libc::fdopendir(raw) };
+        if dirp.is_null() {
             return Err(io::Error::last_os_error());
         }
         std::mem::forget(fd);
         let mut out = Vec::new();
-        loop {
-            // SAFETY: `dir` is a valid DIR stream until closedir; the entry is copied before
-            // the next readdir call can reuse its storage.
-            let ent = unsafe { libc::readdir64(dir) };
+        let result = loop {
+            // SAFETY: errno is thread-local; resetting it distinguishes end from error.
+            unsafe { *libc::__errno_location() = 0 };
+            // SAFETY: `dirp` is a valid DIR* until closedir below.
+            let ent = unsafe { libc::readdir(dirp) };
             if ent.is_null() {
-                break;
+                let e = io::Error::last_os_error();
+                break if e.raw_os_error() == Some(0) {
+                    Ok(())
+                } else {
+                    Err(e)
+                };
             }
-            // SAFETY: readdir64 returned a valid entry whose d_name is NUL-terminated.
+            // SAFETY: a live dirent: d_name is a NUL-terminated string; it is copied before
+            // the next readdir call can reuse its storage.
             let (name, kind, ino) = unsafe {
                 let e = &*ent;
-                let name = std::ffi::CStr::from_ptr(e.d_name.as_ptr())
-                    .to_bytes()
-                    .to_vec();
+                let name = std::ffi::CStr::from_ptr(e.d_name.as_ptr()).to_bytes();
                 (name, e.d_type, e.d_ino)
             };
-            if name == b"." || name == b".." {
-                continue;
+            if name != b"." && name != b".." {
+                out.push(Dirent {
+                    name: name.to_vec(),
+                    kind,
+                    ino,
+                });
             }
-            out.push(Dirent { name, kind, ino });
-        }
-        // SAFETY: `dir` came from fdopendir and is closed exactly once.
-        unsafe { libc::closedir(dir) };
+        };
+        // SAFETY: `dirp` is valid and closed exactly once (this also closes the fd).
+        unsafe { libc::closedir(dirp) };
+        result?;
         Ok(out)
+    }
+
+    /// Create directory `rel` with permission bits `mode` (exactly, regardless of umask).
+    pub fn mkdir(&self, rel: &[u8], mode: u32) -> io::Result<()> {
+        let (dir, name, _) = self.parent(rel)?;
+        // SAFETY: valid dir fd and NUL-terminated name.
+        check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o700) })?;
+        self.chmod(rel, mode)
+    }
+
+    /// Remove `rel`: an empty directory when `dir`, else a file or symlink.
+    pub fn remove(&self, rel: &[u8], dir_entry: bool) -> io::Result<()> {
+        let (dir, name, _) = self.parent(rel)?;
+        let flags = if dir_entry { libc::AT_REMOVEDIR } else { 0 };
+        // SAFETY: valid dir fd and NUL-terminated name.
+        check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) })?;
+        Ok(())
+    }
+
+    /// Create symlink `rel` pointing at `target`.
+    pub fn symlink(&self, target: &[u8], rel: &[u8]) -> io::Result<()> {
+        let (dir, name, _) = self.parent(rel)?;
+        let t = cstr(target)?;
+        // SAFETY: valid dir fd and NUL-terminated strings.
+        check(unsafe { libc::symlinkat(t.as_ptr(), dir.as_raw_fd(), name.as_ptr()) })?;
+        Ok(())
+    }
+
+    /// Set the permission bits of the file or directory `rel` (never through a symlink).
+    pub fn chmod(&self, rel: &[u8], mode: u32) -> io::Result<()> {
+        let fd = self.open_at(rel, libc::O_RDONLY | libc::O_NONBLOCK)?;
+        // SAFETY: `fd` is a valid open descriptor.
+        check(unsafe { libc::fchmod(fd.as_raw_fd(), mode & 0o7777) })?;
+        Ok(())
+    }
+
+    /// Make `rel` a regular file holding `data` with permission bits `mode`: the bytes go to a
+    /// new file in the same directory, which is synced and renamed over `rel`.
+    pub fn write_file(&self, rel: &[u8], data: &[u8], mode: u32) -> io::Result<()> {
+        let (dir, name, last) = self.parent(rel)?;
+        let mut tmp_name = b".".to_vec();
+        tmp_name.extend_from_slice(&last[..last.len().min(200)]);
+        tmp_name.extend_from_slice(format!(".agentfs-apply-{}", std::process::id()).as_bytes());
+        let tmp = cstr(&tmp_name)?;
+        // SAFETY: valid dir fd and NUL-terminated name; a leftover from a crashed run is removed.
+        unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+        // SAFETY: valid dir fd and NUL-terminated name; O_EXCL|O_NOFOLLOW create a new file.
+        let fd = check(unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                tmp.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        })?;
+        // SAFETY: `fd` was just returned by openat and is owned by nothing else.
+        let mut f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let written = f
+            .write_all(data)
+            .and_then(|()| {
+                // SAFETY: `f` holds a valid open descriptor.
+                check(unsafe { libc::fchmod(f.as_raw_fd(), mode & 0o7777) }).map(|_| ())
+            })
+            .and_then(|()| f.sync_all())
+            .and_then(|()| {
+                // SAFETY: valid dir fd (both sides) and NUL-terminated names.
+                check(unsafe {
+                    libc::renameat(
+                        dir.as_raw_fd(),
+                        tmp.as_ptr(),
+                        dir.as_raw_fd(),
+                        name.as_ptr(),
+                    )
+                })
+                .map(|_| ())
+            });
+        if written.is_err() {
+            // SAFETY: valid dir fd and NUL-terminated name.
+            unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+        }
+        written
+    }
+
+    /// fsync the directory `rel` ("" for the root).
+    pub fn sync_dir(&self, rel: &[u8]) -> io::Result<()> {
+        let fd = self.open_at(rel, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        File::from(fd).sync_all()
+    }
+}
+
+fn to_stat(st: &libc::stat) -> Stat {
+    Stat {
+        mode: st.st_mode,
+        raw: *st,
     }
 }
 
@@ -167,18 +334,8 @@ impl Beneath {
 pub fn fstat(fd: &impl AsRawFd) -> io::Result<libc::stat> {
     // SAFETY: all-zero is a valid `stat`; the kernel fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is writable; AT_EMPTY_PATH with "" stats the descriptor itself.
-    let r = unsafe {
-        libc::fstatat(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            &mut st,
-            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // SAFETY: `fd` is a valid descriptor and `st` a valid out-pointer.
+    check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
     Ok(st)
 }
 
@@ -197,20 +354,15 @@ mod tests {
         std::os::unix::fs::symlink("/", root.join("abs")).unwrap();
         std::os::unix::fs::symlink("d", root.join("dl")).unwrap();
         let b = Beneath::open(&root).unwrap();
-        assert_eq!(b.lstat(b"d/f").unwrap().st_size, 1);
+        assert_eq!(b.lstat(b"d/f").unwrap().unwrap().raw.st_size, 1);
         assert!(b.lstat(b"../secret").is_err());
         assert!(b.open_file(b"up").is_err(), "symlinks are not followed");
         assert!(b.lstat(b"abs/etc").is_err());
         assert!(b.lstat(b"dl/f").is_err(), "not even inside the tree");
+        assert_eq!(b.lstat(b"up").unwrap().unwrap().kind(), libc::S_IFLNK);
+        assert_eq!(b.read_link(b"up").unwrap(), b"../secret");
         assert_eq!(
-            b.lstat(b"up").unwrap().st_mode & libc::S_IFMT,
-            libc::S_IFLNK
-        );
-        assert_eq!(b.readlink(b"up").unwrap(), b"../secret");
-        let mut names: Vec<_> = b.list(b"").unwrap().into_iter().map(|e| e.name).collect();
-        names.sort();
-        assert_eq!(
-            names,
+            b.list(b"").unwrap(),
             vec![
                 b"abs".to_vec(),
                 b"d".to_vec(),

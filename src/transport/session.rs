@@ -9,7 +9,7 @@ use crate::abi;
 use crate::dispatch::shards::Shards;
 use crate::dispatch::{Dispatcher, Filesystem, Negotiated};
 use crate::knobs::Knobs;
-use crate::overlay::{Overlay, OverlayConfig};
+use crate::overlay::Overlay;
 use crate::protocol::{self, Operation};
 use crate::store::Store;
 use crate::sys::{lock, mount, mounts, registry, signals};
@@ -70,15 +70,15 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
         mount::mount_fusermount(&mnt, &cfg.options)?
     };
     let chan = Arc::new(Channel::new(fd));
-    let fs: Arc<dyn Filesystem> = match OverlayConfig::of(&store) {
+    let fs: Arc<dyn Filesystem> = match store.overlay_config() {
         Ok(None) => store.clone(),
         Ok(Some(ov)) => {
             let cap = knobs.fuse_ino_files_cap as usize;
             let o = Overlay::open(store.clone(), &ov, cap).map_err(SessionError::Other)?;
-            tracing::info!("overlay mode: base {}", ov.base.display());
+            tracing::info!("overlay mode: base {}", ov.base_path.display());
             Arc::new(o)
         }
-        Err(e) => return Err(SessionError::Other(format!("reading overlay config: {e}"))),
+        Err(e) => return Err(SessionError::Other(e)),
     };
     let dispatcher = Arc::new(Dispatcher::new(fs, knobs));
 
