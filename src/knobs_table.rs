@@ -33,6 +33,8 @@ knob_table! {
         "How long the kernel may cache attributes, in milliseconds.";
     fuse_negative_ttl_ms: U64 = 0, [0, 3600000], Policy, "AGENTFS_FUSE_NEGATIVE_TTL_MS",
         "How long the kernel may cache a failed lookup, in milliseconds (0 = never).";
+    fuse_ino_files_cap: U64 = 256, [1, 65536], Policy, "AGENTFS_FUSE_INO_FILES_CAP",
+        "Overlay mounts: most base-layer files kept open for reading (an LRU keyed by node); the least recently read is closed first.";
     sqlite_cache_kib: U64 = 16384, [256, 4194304], Policy, "AGENTFS_SQLITE_CACHE_KIB",
         "SQLite page cache per connection, in KiB.";
     sqlite_busy_timeout_ms: U64 = 5000, [0, 600000], Policy, "AGENTFS_SQLITE_BUSY_TIMEOUT_MS",

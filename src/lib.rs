@@ -9,6 +9,7 @@ pub mod cli;
 pub mod dispatch;
 pub mod errno;
 pub mod knobs;
+pub mod overlay;
 pub mod protocol;
 pub mod store;
 pub mod sys;

@@ -35,14 +35,24 @@ pub struct PartialOrigin {
 
 /// Every partial-origin row of the database behind `c` (none if the table is missing).
 pub fn partial_origins(c: &Connection) -> rusqlite::Result<Vec<PartialOrigin>> {
+    partial_origins_of(c, None)
+}
+
+/// The partial-origin rows of the database, or of one inode.
+pub fn partial_origins_of(
+    c: &Connection,
+    ino: Option<super::Ino>,
+) -> rusqlite::Result<Vec<PartialOrigin>> {
     if !super::copy::has_table(c, "main", "fs_partial_origin")? {
         return Ok(Vec::new());
     }
-    let mut st = c.prepare(
+    let mut st = c.prepare_cached(
         "SELECT delta_ino, base_ino, base_path, base_size, base_fingerprint_size, base_mtime,
-                base_mtime_nsec, base_ctime, base_ctime_nsec FROM fs_partial_origin ORDER BY delta_ino",
+                base_mtime_nsec, base_ctime, base_ctime_nsec FROM fs_partial_origin
+         WHERE ?1 IS NULL OR delta_ino = ?1 ORDER BY delta_ino",
     )?;
-    let rows = st.query_map([], |r| {
+    let filter = ino.map(|i| i.0 as i64);
+    let rows = st.query_map([filter], |r| {
         Ok(PartialOrigin {
             delta_ino: r.get(0)?,
             base_ino: r.get(1)?,

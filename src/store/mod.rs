@@ -26,6 +26,7 @@ mod check;
 mod conn;
 mod copy;
 mod data;
+pub mod delta;
 mod dir;
 mod inode;
 pub mod kv;
@@ -41,6 +42,8 @@ pub mod tools;
 mod xattr;
 
 pub use check::Finding;
+pub use delta::Effects;
+pub use namespace::NewKind;
 pub use schema::{
     USER_VERSION_V00, USER_VERSION_V02, USER_VERSION_V03, USER_VERSION_V04, USER_VERSION_V05,
 };
@@ -558,8 +561,23 @@ impl Store {
         caller: Caller,
     ) -> Result<Attr, Errno> {
         let kind = namespace::NewKind::Node { mode, rdev };
+        self.create_fx(parent, name, kind, caller, &Effects::NONE)
+    }
+
+    /// Create an inode of any kind, with whiteout changes in the same transaction.
+    pub fn create_fx(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: NewKind<'_>,
+        caller: Caller,
+        fx: &Effects<'_>,
+    ) -> Result<Attr, Errno> {
         self.write_tx(|c| {
-            namespace::create(c, &self.config, parent, name, kind, caller, inode::now())
+            let now = inode::now();
+            let a = namespace::create(c, &self.config, parent, name, kind, caller, now)?;
+            delta::apply_effects(c, fx, now)?;
+            Ok(a)
         })
     }
 
@@ -572,9 +590,7 @@ impl Store {
         caller: Caller,
     ) -> Result<Attr, Errno> {
         let kind = namespace::NewKind::Dir { perm: mode };
-        self.write_tx(|c| {
-            namespace::create(c, &self.config, parent, name, kind, caller, inode::now())
-        })
+        self.create_fx(parent, name, kind, caller, &Effects::NONE)
     }
 
     /// Create a symlink to `target` (stored verbatim, never followed here).
@@ -586,15 +602,27 @@ impl Store {
         caller: Caller,
     ) -> Result<Attr, Errno> {
         let kind = namespace::NewKind::Symlink { target };
-        self.write_tx(|c| {
-            namespace::create(c, &self.config, parent, name, kind, caller, inode::now())
-        })
+        self.create_fx(parent, name, kind, caller, &Effects::NONE)
     }
 
     /// A new name for `ino`; EPERM on directories, ENOENT for an unlinked inode.
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr, Errno> {
+        self.link_fx(ino, newparent, newname, &Effects::NONE)
+    }
+
+    /// [`Store::link`] with whiteout changes in the same transaction.
+    pub fn link_fx(
+        &self,
+        ino: Ino,
+        newparent: Ino,
+        newname: &[u8],
+        fx: &Effects<'_>,
+    ) -> Result<Attr, Errno> {
         let mut a = self.write_tx(|c| {
-            namespace::link(c, &self.config, ino, newparent, newname, inode::now())
+            let now = inode::now();
+            let a = namespace::link(c, &self.config, ino, newparent, newname, now)?;
+            delta::apply_effects(c, fx, now)?;
+            Ok(a)
         })?;
         if let Some(b) = &self.batch {
             b.view(|v| merge_attr(&mut a, v.attr(ino)));
@@ -612,18 +640,32 @@ impl Store {
     /// Remove a non-directory name (EISDIR on directories). If it was the last name, `live`
     /// decides inside the transaction whether the rows stay as an orphan.
     pub fn unlink(&self, parent: Ino, name: &[u8], live: &dyn Liveness) -> Result<(), Errno> {
-        let dead = self.write_tx(|c| {
-            let victim = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
-            namespace::remove(c, parent, name, false, live, inode::now())?;
-            gone(c, victim)
-        })?;
-        self.discard_dead(dead);
-        Ok(())
+        self.remove_fx(parent, name, false, live, &Effects::NONE)
     }
 
     /// Remove an empty directory: ENOTEMPTY, ENOTDIR, EINVAL for ".".
     pub fn rmdir(&self, parent: Ino, name: &[u8], live: &dyn Liveness) -> Result<(), Errno> {
-        self.write_tx(|c| namespace::remove(c, parent, name, true, live, inode::now()))
+        self.remove_fx(parent, name, true, live, &Effects::NONE)
+    }
+
+    /// unlink (`dir` false) or rmdir, with whiteout changes in the same transaction.
+    pub fn remove_fx(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        dir: bool,
+        live: &dyn Liveness,
+        fx: &Effects<'_>,
+    ) -> Result<(), Errno> {
+        let dead = self.write_tx(|c| {
+            let now = inode::now();
+            let victim = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
+            namespace::remove(c, parent, name, dir, live, now)?;
+            delta::apply_effects(c, fx, now)?;
+            gone(c, victim)
+        })?;
+        self.discard_dead(dead);
+        Ok(())
     }
 
     /// rename/RENAME2 with the POSIX rules: same inode is a no-op; ENOTEMPTY, ENOTDIR, EISDIR
@@ -637,6 +679,29 @@ impl Store {
         newname: &[u8],
         flags: RenameFlags,
         live: &dyn Liveness,
+    ) -> Result<(), Errno> {
+        self.rename_fx(
+            parent,
+            name,
+            newparent,
+            newname,
+            flags,
+            live,
+            &Effects::NONE,
+        )
+    }
+
+    /// [`Store::rename`] with whiteout changes in the same transaction.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename_fx(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        flags: RenameFlags,
+        live: &dyn Liveness,
+        fx: &Effects<'_>,
     ) -> Result<(), Errno> {
         let dead = self.write_tx(|c| {
             let victim = inode::dentry(c, newparent, newname)
@@ -653,6 +718,7 @@ impl Store {
                 live,
                 inode::now(),
             )?;
+            delta::apply_effects(c, fx, inode::now())?;
             gone(c, victim)
         })?;
         self.discard_dead(dead);

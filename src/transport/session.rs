@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use crate::abi;
 use crate::dispatch::shards::Shards;
-use crate::dispatch::{Dispatcher, Negotiated};
+use crate::dispatch::{Dispatcher, Filesystem, Negotiated};
 use crate::knobs::Knobs;
+use crate::overlay::{Overlay, OverlayConfig};
 use crate::protocol::{self, Operation};
 use crate::store::Store;
 use crate::sys::{lock, mount, mounts, registry, signals};
@@ -69,7 +70,17 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
         mount::mount_fusermount(&mnt, &cfg.options)?
     };
     let chan = Arc::new(Channel::new(fd));
-    let dispatcher = Arc::new(Dispatcher::new(store.clone(), knobs));
+    let fs: Arc<dyn Filesystem> = match OverlayConfig::of(&store) {
+        Ok(None) => store.clone(),
+        Ok(Some(ov)) => {
+            let cap = knobs.fuse_ino_files_cap as usize;
+            let o = Overlay::open(store.clone(), &ov, cap).map_err(SessionError::Other)?;
+            tracing::info!("overlay mode: base {}", ov.base.display());
+            Arc::new(o)
+        }
+        Err(e) => return Err(SessionError::Other(format!("reading overlay config: {e}"))),
+    };
+    let dispatcher = Arc::new(Dispatcher::new(fs, knobs));
 
     let Handshake { negotiated, queues } = match handshake(&chan, &dispatcher, knobs) {
         Ok(h) => h,
