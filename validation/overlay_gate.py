@@ -290,7 +290,23 @@ class AgentFs:
         self.bin = binary
 
     def create(self, m):
-        must([self.bin, "init", m.db, "--base", m.base] + m.init_args)
+        rc, out = sh([self.bin, "init", m.db, "--base", m.base] + m.init_args)
+        if rc != 0 and "'--base'" in out:
+            # Stand-in while `agentfs init --base` has not landed: a plain database plus the
+            # fs_overlay_config rows it would write (the overlay data model).
+            must([self.bin, "init", m.db])
+            conf = {"base_path": os.path.realpath(m.base)}
+            if "--partial-origin" in m.init_args:
+                conf["partial_origin"] = m.init_args[m.init_args.index("--partial-origin") + 1]
+            c = sqlite3.connect(m.db)
+            try:
+                with c:
+                    c.executemany("INSERT OR REPLACE INTO fs_overlay_config (key, value) VALUES (?, ?)",
+                                  sorted(conf.items()))
+            finally:
+                c.close()
+        elif rc != 0:
+            raise RuntimeError("agentfs init --base: exit %d: %s" % (rc, out.strip()[-500:]))
 
     def mount(self, m):
         must([self.bin, "mount", m.db, m.mnt])
@@ -834,6 +850,12 @@ EXCLUDED = {
         "posix.base/mkdir.nlink": "overlayfs reports nlink 1 for merged directories",
         "posix.base/rename.dir_over_empty_dir": "overlayfs reports nlink 1 for merged directories",
     },
+    "agentfs": {
+        # Like overlayfs, AgentFS overlay mode reports st_nlink 1 for a merged directory (the
+        # base's subdirectories are not counted without listing the base).
+        "posix.base/mkdir.nlink": "merged directories report nlink 1, as on overlayfs",
+        "posix.base/rename.dir_over_empty_dir": "merged directories report nlink 1, as on overlayfs",
+    },
     "fuse-overlayfs": {
         # fuse-overlayfs 1.10 keeps 4 bytes of every name for its ".wh." whiteout prefix:
         # NAME_MAX is 251 (statvfs says so), 255-byte names are ENAMETOOLONG.
@@ -871,12 +893,21 @@ def main(argv=None):
     ap.add_argument("-k", dest="pattern", action="append", default=[],
                     help="only checks whose name contains PATTERN (repeatable; any matches); "
                     "POSIX checks are named posix.fresh/NAME and posix.base/NAME")
+    ap.add_argument("--skip", action="append", default=[],
+                    help="do not run checks whose name contains PATTERN (repeatable); they are "
+                    "reported as SKIP")
     ap.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     ap.add_argument("--timeout-scale", type=float, default=1.0)
     ap.add_argument("--list", action="store_true", help="list check names and exit")
     args = ap.parse_args(argv)
 
-    excluded = EXCLUDED.get(args.kind, {})
+    excluded = dict(EXCLUDED.get(args.kind, {}))
+    every = (["posix.fresh/" + n for n, _, _ in posix_gate.CHECKS]
+             + ["posix.base/" + n for n, _, _ in posix_gate.CHECKS] + [n for n, _, _ in GATE.checks])
+    for pat in args.skip:
+        for name in every:
+            if pat in name:
+                excluded.setdefault(name, "--skip %s" % pat)
 
     def chosen(name):
         return (not args.pattern or any(p in name for p in args.pattern)) and name not in excluded
