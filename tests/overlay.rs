@@ -66,20 +66,8 @@ fn overlay_gate_passes_on_fuse_overlayfs() {
     assert_leg("fuse-overlayfs", &[]);
 }
 
-/// Checks of the AgentFS leg that wait for work elsewhere (passed to the gate as --skip):
-/// `agentfs diff`/`apply` (copyup.reads_change_nothing reads the delta through
-/// `agentfs diff --name-only`; roundtrip.* is the diff/apply round trip), and mv of a base
-/// directory, which fails because setting the `system.posix_acl_access` xattr (how `mv` and
-/// `cp -a` set permissions) is stored without changing the mode — on any AgentFS mount.
-const WAITING: &[&str] = &[
-    "copyup.reads_change_nothing",
-    "roundtrip.",
-    "exdev.mv_base_dir",
-];
-
-/// The AgentFS leg with the kernel's io_uring switch set to `uring` ("Y"/"N"); `skip`: checks
-/// not run.
-fn agentfs_leg(test: &str, uring: &str, skip: &[&str]) {
+/// The AgentFS leg, every check, with the kernel's io_uring switch set to `uring` ("Y"/"N").
+fn agentfs_leg(test: &str, uring: &str) {
     if !fuse_or_skip(test) {
         return;
     }
@@ -91,22 +79,15 @@ fn agentfs_leg(test: &str, uring: &str, skip: &[&str]) {
         eprintln!("SKIP {test}: enable_uring not writable");
         return;
     };
-    let args: Vec<&str> = skip.iter().flat_map(|s| ["--skip", s]).collect();
-    assert_leg("agentfs", &args);
+    assert_leg("agentfs", &[]);
 }
 
 #[test]
 fn overlay_gate_passes_on_agentfs_over_dev_fuse() {
-    agentfs_leg("overlay_gate_passes_on_agentfs_over_dev_fuse", "N", WAITING);
+    agentfs_leg("overlay_gate_passes_on_agentfs_over_dev_fuse", "N");
 }
 
 #[test]
 fn overlay_gate_passes_on_agentfs_over_io_uring() {
-    agentfs_leg("overlay_gate_passes_on_agentfs_over_io_uring", "Y", WAITING);
-}
-
-#[test]
-#[ignore = "waits for agentfs diff/apply and for POSIX ACL xattrs setting the mode (see WAITING)"]
-fn overlay_gate_passes_on_agentfs_every_check() {
-    agentfs_leg("overlay_gate_passes_on_agentfs_every_check", "N", &[]);
+    agentfs_leg("overlay_gate_passes_on_agentfs_over_io_uring", "Y");
 }

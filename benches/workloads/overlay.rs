@@ -88,30 +88,12 @@ impl<'a> OvMount<'a> {
         if let Kind::AgentFs { partial } = t.kind {
             let bin = bin.ok_or("no agentfs binary")?;
             let po = if partial { "on" } else { "off" };
-            if let Err(e) = run(Command::new(bin)
+            run(Command::new(bin)
                 .arg("init")
                 .arg(t.db())
                 .arg("--base")
                 .arg(lower)
-                .args(["--partial-origin", po]))
-            {
-                if !e.contains("'--base'") {
-                    return Err(e);
-                }
-                // Stand-in while `agentfs init --base` has not landed: a plain database plus
-                // the fs_overlay_config rows it would write.
-                run(Command::new(bin).arg("init").arg(t.db()))?;
-                let base = fs::canonicalize(lower).map_err(|e| e.to_string())?;
-                rusqlite::Connection::open(t.db())
-                    .and_then(|c| {
-                        c.execute(
-                            "INSERT OR REPLACE INTO fs_overlay_config (key, value) \
-                             VALUES ('base_path', ?1), ('partial_origin', ?2)",
-                            rusqlite::params![base.to_string_lossy(), po],
-                        )
-                    })
-                    .map_err(|e| format!("{}: {e}", t.db().display()))?;
-            }
+                .args(["--partial-origin", po]))?;
             m.db_init_bytes = file_bytes(&t.db()) + file_bytes(&t.dir.join("delta.db-wal"));
         }
         m.mount()?;

@@ -35,8 +35,15 @@ fn git_mode(side: &Side) -> &'static str {
     }
 }
 
+/// Whether `data` goes into a patch as a binary literal: git's own rule (a NUL in the first
+/// 8000 bytes), and also any carriage return that does not end a line, which the line splitter
+/// treats as a line end where `git apply` does not (a binary literal applies either way).
 fn is_binary(data: &[u8]) -> bool {
     data[..data.len().min(BINARY_PROBE)].contains(&0)
+        || data
+            .iter()
+            .enumerate()
+            .any(|(i, &b)| b == b'\r' && data.get(i + 1) != Some(&b'\n'))
 }
 
 /// `prefix` + path as git writes it: in double quotes with C escapes when the path has control
@@ -235,6 +242,14 @@ impl Overlay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lone_carriage_returns_make_a_file_binary() {
+        assert!(!is_binary(b"dos\r\nlines\r\n"));
+        assert!(is_binary(b"old mac\rlines"));
+        assert!(is_binary(b"nul\0"));
+        assert!(!is_binary("caf\u{e9}\n".as_bytes()));
+    }
 
     #[test]
     fn blob_ids_and_base85_match_git() {
