@@ -807,7 +807,10 @@ def _(t):
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     expect(d.returncode == 0, "agentfs diff --patch: exit %d: %s"
            % (d.returncode, d.stderr.decode(errors="replace").strip()[-300:]))
-    p = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], input=d.stdout, cwd=a,
+    # Outside any repository (the work area may lie inside one, where git apply would take
+    # paths relative to that repository's top and silently skip them).
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=os.path.dirname(a))
+    p = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], input=d.stdout, cwd=a, env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     expect(p.returncode == 0, "git apply: %s" % p.stdout.decode(errors="replace")[-500:])
     rc, out = sh([LEG.bin, "apply", m.db])
