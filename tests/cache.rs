@@ -171,3 +171,145 @@ fn external_changes_are_missed_without_the_watcher() {
     drop(pin);
     m.unmount();
 }
+
+/// Writers mutate their own files in one shared directory (truncate to a growing size,
+/// rename between two names, recreate, mkdir/rmdir) while readers stat and list everything
+/// without pause, filling the server caches with values that race the mutations. Kernel
+/// timeouts are 0 and the writeback cache is off, so every stat, lookup and listing is
+/// answered by the server. Checks: each writer sees its own mutation at once (stat, lookup of
+/// both names, the listing), and a reader never sees a size older than the last one a writer
+/// had published before the reader's stat began.
+#[test]
+fn server_caches_never_serve_stale_state_after_a_mutation() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    if !fuse_or_skip("server_caches_never_serve_stale_state_after_a_mutation") {
+        return;
+    }
+    let mut m = Mounted::with_env(&[
+        ("AGENTFS_FUSE_ATTR_TTL_MS", "0"),
+        ("AGENTFS_FUSE_ENTRY_TTL_MS", "0"),
+        ("AGENTFS_FUSE_WRITEBACK_CACHE", "0"),
+        ("AGENTFS_EXTERNAL_POLL_MS", "0"),
+    ]);
+    const WRITERS: usize = 3;
+    const ROUNDS: u64 = 150;
+    let dir = m.path("shared");
+    std::fs::create_dir(&dir).unwrap();
+    // Per writer: (file generation << 32) | the size it last set and returned from. A
+    // recreated file starts a new generation (and may be smaller).
+    let published: Arc<Vec<AtomicU64>> =
+        Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let name = |w: usize, side: bool| format!("w{w}_{}", if side { "b" } else { "a" });
+    let listing = |d: &Path| -> Vec<String> {
+        std::fs::read_dir(d)
+            .map(|it| {
+                it.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (dir, published, stop) = (dir.clone(), published.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut checked = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = listing(&dir);
+                    for w in 0..WRITERS {
+                        let before = published[w].load(Ordering::SeqCst);
+                        // The file is under one of two names; a rename may move it between
+                        // the two stats, so take the larger size seen.
+                        let seen = [false, true]
+                            .iter()
+                            .filter_map(|s| std::fs::metadata(dir.join(name(w, *s))).ok())
+                            .map(|md| md.len())
+                            .max();
+                        let after = published[w].load(Ordering::SeqCst);
+                        let floor = before & 0xffff_ffff;
+                        if before >> 32 != after >> 32 {
+                            continue;
+                        }
+                        if let Some(size) = seen {
+                            assert!(
+                                size >= floor,
+                                "writer {w}: a reader saw size {size} after {floor} was published"
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+                checked
+            })
+        })
+        .collect();
+
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (dir, published) = (dir.clone(), published.clone());
+            std::thread::spawn(move || {
+                let mut side = false;
+                let mut size = 0u64;
+                let mut generation = 0u64;
+                std::fs::write(dir.join(name(w, side)), b"").unwrap();
+                let sub = dir.join(format!("d{w}"));
+                for round in 1..=ROUNDS {
+                    size += 1 + round % 7;
+                    let cur = dir.join(name(w, side));
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&cur)
+                        .unwrap()
+                        .set_len(size)
+                        .unwrap();
+                    published[w].store(generation << 32 | size, Ordering::SeqCst);
+                    assert_eq!(std::fs::metadata(&cur).unwrap().len(), size, "own truncate");
+                    if round % 3 == 0 {
+                        let next = dir.join(name(w, !side));
+                        std::fs::rename(&cur, &next).unwrap();
+                        side = !side;
+                        assert!(std::fs::metadata(&cur).is_err(), "old name still resolves");
+                        assert_eq!(std::fs::metadata(&next).unwrap().len(), size);
+                        let names = listing(&dir);
+                        assert!(names.contains(&name(w, side)), "new name not listed");
+                        assert!(!names.contains(&name(w, !side)), "old name still listed");
+                    }
+                    if round % 5 == 0 {
+                        std::fs::create_dir(&sub).unwrap();
+                        assert!(std::fs::metadata(&sub).unwrap().is_dir());
+                        assert!(listing(&dir).contains(&format!("d{w}")));
+                        std::fs::remove_dir(&sub).unwrap();
+                        assert!(std::fs::metadata(&sub).is_err(), "removed dir resolves");
+                        assert!(!listing(&dir).contains(&format!("d{w}")));
+                    }
+                    if round % 11 == 0 {
+                        // Recreate: a new inode under the same name, smaller than before.
+                        let cur = dir.join(name(w, side));
+                        generation += 1;
+                        published[w].store(generation << 32, Ordering::SeqCst);
+                        std::fs::remove_file(&cur).unwrap();
+                        assert!(std::fs::metadata(&cur).is_err(), "unlinked name resolves");
+                        std::fs::write(&cur, b"").unwrap();
+                        size = 0;
+                        assert_eq!(std::fs::metadata(&cur).unwrap().len(), 0);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in writers {
+        t.join().expect("a writer saw stale state");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let checked: u64 = readers
+        .into_iter()
+        .map(|t| t.join().expect("a reader saw stale state"))
+        .sum();
+    assert!(checked > 0, "readers observed nothing");
+    m.unmount();
+    common::assert_consistent(&m.db);
+}
