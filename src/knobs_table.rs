@@ -51,6 +51,16 @@ knob_table! {
         "Most inodes one group-commit transaction takes.";
     batch_txn_kib: U64 = 32768, [64, 4194304], Policy, "AGENTFS_BATCH_TXN_KIB",
         "Bytes one group-commit transaction takes, in KiB (an inode with more is committed lowest offsets first over several).";
+    cache: Bool = true, [0, 1], KillSwitch, "AGENTFS_CACHE",
+        "Server-side caches of attributes, name lookups and directory listings, keyed by inode (0 = every request reads SQLite).";
+    cache_attr_cap: U64 = 65536, [0, 16777216], Policy, "AGENTFS_CACHE_ATTR_CAP",
+        "Inodes whose attributes (as stored, before pending writes are merged) the server keeps in memory (0 = no attribute cache).";
+    cache_lookup_cap: U64 = 65536, [0, 16777216], Policy, "AGENTFS_CACHE_LOOKUP_CAP",
+        "Name lookups ((directory, name) -> inode or absent) the server keeps in memory (0 = no lookup cache).";
+    cache_readdir_cap: U64 = 131072, [0, 16777216], Policy, "AGENTFS_CACHE_READDIR_CAP",
+        "Directory entries the server keeps in memory as whole listings; a directory with more entries is never cached (0 = no listing cache).";
+    external_poll_ms: U64 = 250, [0, 600000], Policy, "AGENTFS_EXTERNAL_POLL_MS",
+        "How often a mounted server checks whether another process committed to the database (then it drops its caches and tells the kernel), in milliseconds (0 = never).";
     log: Str = "warn", [0, 0], Policy, "AGENTFS_LOG",
         "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug).";
     require_fuse: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_FUSE",

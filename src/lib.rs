@@ -5,6 +5,7 @@
 //! and back through `protocol` (reply encoding) to the transport.
 
 pub mod abi;
+pub mod cache;
 pub mod cli;
 pub mod delta;
 pub mod dispatch;

@@ -73,6 +73,14 @@ impl Dispatcher {
         }
     }
 
+    /// The inodes the kernel may cache (the root and every referenced inode): the ones to
+    /// invalidate after another process changed the database.
+    pub fn kernel_inodes(&self) -> Vec<Ino> {
+        let mut v = self.refs.referenced();
+        v.push(Ino::ROOT);
+        v
+    }
+
     /// Whether the kernel caches writes (then it, not the store, knows the latest file bytes
     /// until it writes them back).
     fn writeback_cache(&self) -> bool {

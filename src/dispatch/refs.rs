@@ -71,6 +71,11 @@ impl LookupRefs {
         self.table.lock().counts.get(&ino).copied().unwrap_or(0)
     }
 
+    /// Every inode the kernel holds a reference to (the root excepted: it is never counted).
+    pub fn referenced(&self) -> Vec<Ino> {
+        self.table.lock().counts.keys().copied().collect()
+    }
+
     /// Orphans still waiting for their last FORGET.
     pub fn orphan_count(&self) -> usize {
         self.table.lock().orphans.len()

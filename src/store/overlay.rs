@@ -550,7 +550,7 @@ impl Store {
         verify: &dyn Fn() -> Result<(), Errno>,
     ) -> Result<Ino, Errno> {
         let cfg = self.config;
-        self.write_tx(|c| {
+        let out = self.write_tx(|c| {
             let (inline, kind) = match content {
                 Content::File(_) => (true, 1),
                 _ => (false, 0),
@@ -645,13 +645,15 @@ impl Store {
             }
             verify()?;
             Ok(ino)
-        })
+        });
+        self.caches.entry_changed(parent, name);
+        out
     }
 
     /// Hide the base entry `path` of delta directory `parent` (which gets the new mtime and
     /// ctime), in one transaction.
     pub fn whiteout(&self, parent: Ino, path: &[u8], clear_children: bool) -> Result<(), Errno> {
-        self.write_tx(|c| {
+        let out = self.write_tx(|c| {
             let now = inode::now();
             let fx = Effects {
                 whiteout: Some(path),
@@ -660,7 +662,9 @@ impl Store {
             };
             apply_effects(c, &fx, now)?;
             inode::touch_mc(c, parent, now)
-        })
+        });
+        self.caches.inode_changed(parent);
+        out
     }
 
     /// The partial-origin row of `ino`, if it has one.
@@ -690,7 +694,7 @@ impl Store {
     /// `(index, bytes)` stores `bytes` as the chunk (None: a hole) and records the override.
     /// Pending writes of the inode stay pending and land on top.
     pub fn own_chunks(&self, ino: Ino, chunks: &[(u64, Option<Vec<u8>>)]) -> Result<(), Errno> {
-        self.write_tx(|c| {
+        let out = self.write_tx(|c| {
             for (idx, bytes) in chunks {
                 let i = i64::try_from(*idx).map_err(|_| Errno::EFBIG)?;
                 if let Some(b) = bytes {
@@ -705,6 +709,8 @@ impl Store {
                 .execute((sql_ino(ino)?, i))?;
             }
             Ok(())
-        })
+        });
+        self.caches.inode_changed(ino);
+        out
     }
 }

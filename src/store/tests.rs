@@ -118,7 +118,13 @@ pub fn fresh_cfg(
         },
     )
     .unwrap();
-    let store = Store::open_with(&path, false, batching).unwrap();
+    let store = Store::open_with(
+        &path,
+        false,
+        batching,
+        crate::cache::CacheConfig::from_knobs(crate::knobs::get()),
+    )
+    .unwrap();
     Db { dir, store }
 }
 

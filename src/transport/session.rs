@@ -15,7 +15,7 @@ use crate::store::Store;
 use crate::sys::{lock, mount, mounts, registry, signals};
 
 use super::devfuse::{self, Channel, Received};
-use super::uring;
+use super::{uring, watch};
 
 /// Everything a session needs to start.
 pub struct SessionConfig {
@@ -117,6 +117,13 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
         ring: ring_stats.clone(),
     };
     let record = reporter.write();
+    let watcher = watch::Watcher::start(
+        store.clone(),
+        dispatcher.clone(),
+        chan.clone(),
+        std::time::Duration::from_millis(knobs.external_poll_ms),
+        negotiated,
+    );
     ready.ready(&mnt);
 
     let buf_size = negotiated.max_write as usize + 64 * 1024;
@@ -159,6 +166,9 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
     }
     // Transport threads are gone; let the workers finish what they hold.
     shards.stop();
+    if let Some(w) = watcher {
+        w.stop();
+    }
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     if let Some(t) = reporter_thread {
         let _ = t.join();
