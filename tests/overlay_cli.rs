@@ -188,7 +188,7 @@ impl DeltaBuilder {
         let out = agentfs(&["init", s(db), "--base", s(base), "--chunk-size", "4096"]);
         assert!(out.status.success(), "{out:?}");
         DeltaBuilder {
-            store: Store::open_with(db, false, None).unwrap(),
+            store: Store::open_with(db, false, None, agentfs::cache::CacheConfig::OFF).unwrap(),
             conn: rusqlite::Connection::open(db).unwrap(),
             base: base.to_path_buf(),
         }
