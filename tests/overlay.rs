@@ -16,7 +16,7 @@ fn overlay_gate(kind: &str, extra: &[&str]) -> (bool, String) {
         .args(["--kind", kind, "--quick", "--workdir"])
         .arg(work.path())
         .args(extra)
-        .env("AGENTFS_BIN", env!("CARGO_BIN_EXE_agentfs"))
+        .args(["--agentfs", env!("CARGO_BIN_EXE_agentfs")])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("python3");

@@ -9,7 +9,7 @@ Legs (--kind): `kernel-overlay` mounts the kernel's overlayfs (lowerdir = the ba
 work directories next to it; redirect_dir=off, so renaming a base directory is EXDEV as in the
 AgentFS model) and is the reference; `fuse-overlayfs` the same with the fuse-overlayfs program;
 `agentfs` runs `agentfs init DB --base BASE`, `agentfs mount DB MNT`, `agentfs umount MNT` with
-the binary given by --agentfs or $AGENTFS_BIN (default target/release/agentfs).
+the binary given by --agentfs (default target/release/agentfs).
 
 The gate builds a fixture base tree in the work directory (files of several sizes including a
 3 MiB one, nested directories, symlinks inside and outside the base, a hard-linked pair, an
@@ -875,8 +875,7 @@ def main(argv=None):
     global LEG, MOUNT, PRISTINE
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kind", required=True, choices=["kernel-overlay", "fuse-overlayfs", "agentfs"])
-    ap.add_argument("--agentfs", default=os.environ.get("AGENTFS_BIN"),
-                    help="agentfs binary (default $AGENTFS_BIN or target/release/agentfs)")
+    ap.add_argument("--agentfs", help="agentfs binary (default target/release/agentfs)")
     ap.add_argument("--workdir", help="where the base, deltas and mounts go (default: a temp dir "
                     "in /var/tmp); not on an overlay or tmpfs for kernel-overlay")
     ap.add_argument("--quick", action="store_true", help="the POSIX checks with smaller sizes")
@@ -925,7 +924,7 @@ def main(argv=None):
     else:
         binary = args.agentfs or os.path.join(os.path.dirname(HERE), "target", "release", "agentfs")
         if not os.access(binary, os.X_OK):
-            ap.error("agentfs binary %s not found (--agentfs or AGENTFS_BIN)" % binary)
+            ap.error("agentfs binary %s not found (--agentfs)" % binary)
         LEG = AgentFs(os.path.abspath(binary))
 
     human = sys.stderr if args.json else sys.stdout
