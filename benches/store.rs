@@ -10,6 +10,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
+use agentfs::cache::CacheConfig;
 use agentfs::store::{Caller, InitOptions, Ino, NoReferences, RenameFlags, Store};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
@@ -151,6 +152,69 @@ fn readdir(c: &mut Criterion) {
     g.finish();
 }
 
+/// Entries in the directory of the cache benchmark.
+const CACHE_DIR_ENTRIES: usize = 1000;
+
+/// The server-side caches on and off, side by side: getattr, lookup (hit and miss), and a
+/// full listing of a 1,000-entry directory in 128-entry pages (readdir and readdirplus).
+fn cache(c: &mut Criterion) {
+    let mut g = c.benchmark_group("store/cache");
+    let k = agentfs::knobs::get();
+    let on = CacheConfig {
+        attr: 65536,
+        lookup: 65536,
+        readdir: 131072,
+    };
+    for (mode, caching) in [("on", on), ("off", CacheConfig::OFF)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("bench.sqlite");
+        Store::create(&db, &InitOptions::default()).expect("create");
+        let batching = Some(agentfs::store::batch::BatchConfig::from_knobs(k));
+        let namespace = agentfs::store::NamespaceBatch::from_knobs(k);
+        let s = Store::open_with(&db, false, batching, namespace, caching).expect("open");
+        let big = s
+            .mkdir(Ino::ROOT, b"big", 0o755, CALLER)
+            .expect("mkdir")
+            .ino;
+        for i in 0..CACHE_DIR_ENTRIES {
+            s.mknod(big, format!("entry-{i:04}").as_bytes(), REG, 0, CALLER)
+                .expect("create");
+        }
+        let ino = s
+            .mknod(Ino::ROOT, b"target", REG, 0, CALLER)
+            .expect("target")
+            .ino;
+        g.throughput(Throughput::Elements(1));
+        g.bench_function(format!("getattr/{mode}"), |b| {
+            b.iter(|| s.getattr(black_box(ino)).expect("getattr"))
+        });
+        g.bench_function(format!("lookup/{mode}"), |b| {
+            b.iter(|| s.lookup(Ino::ROOT, black_box(b"target")).expect("lookup"))
+        });
+        g.bench_function(format!("lookup_missing/{mode}"), |b| {
+            b.iter(|| s.lookup(Ino::ROOT, black_box(b"nope")).unwrap_err())
+        });
+        g.throughput(Throughput::Elements(CACHE_DIR_ENTRIES as u64));
+        g.bench_function(format!("readdir_1000/{mode}"), |b| {
+            b.iter(|| {
+                let mut off = 0u64;
+                while let Some(last) = s.readdir(big, off, 128).expect("readdir").last() {
+                    off = last.offset;
+                }
+            })
+        });
+        g.bench_function(format!("readdirplus_1000/{mode}"), |b| {
+            b.iter(|| {
+                let mut off = 0u64;
+                while let Some((last, _)) = s.readdirplus(big, off, 128).expect("plus").last() {
+                    off = last.offset;
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
 fn data(c: &mut Criterion) {
     let mut g = c.benchmark_group("store/data");
     for size in [4096usize, 65536, 1 << 20] {
@@ -236,6 +300,6 @@ fn growth(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = config();
-    targets = namespace, readdir, data, growth
+    targets = namespace, readdir, cache, data, growth
 }
 criterion_main!(benches);

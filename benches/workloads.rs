@@ -6,9 +6,9 @@
 //!
 //! Targets (columns): AgentFS (the release binary, `agentfs mount DB MNT -f` as our child, a
 //! fresh database per repetition, the database on the same ext4 disk as the native peer), a
-//! native ext4 directory (the limit every ratio is taken against), a tmpfs we mount, and the
-//! overlay peers (kernel overlayfs, fuse-overlayfs), reported as missing until AgentFS has an
-//! overlay mode to compare with them.
+//! native ext4 directory (the limit every ratio is taken against) and a tmpfs we mount. The
+//! overlay form (module `overlay`) follows: one lower tree through kernel overlayfs,
+//! fuse-overlayfs and AgentFS overlay mode side by side, with the delta's growth.
 //!
 //! Workloads (rows), each repeated `REPS` times with targets interleaved inside a repetition so
 //! drift on a noisy machine hits every column alike; cells show the median and min–max:
@@ -44,6 +44,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[path = "workloads/overlay.rs"]
+mod overlay;
 
 const MIB: usize = 1 << 20;
 const EXT4_SUPER_MAGIC: i64 = 0xEF53;
@@ -883,7 +886,15 @@ fn json_str(s: &str) -> String {
     o
 }
 
-fn json(cols: &[Column], plan: &Plan, tree: &Tree, unix: u64, machine: &str, secs: f64) -> String {
+fn json(
+    cols: &[Column],
+    plan: &Plan,
+    tree: &Tree,
+    unix: u64,
+    machine: &str,
+    secs: f64,
+    overlay: &str,
+) -> String {
     let mut s = String::from("{\n");
     let _ = writeln!(s, "  \"unix_time\": {unix},");
     let _ = writeln!(s, "  \"quick\": {},", plan.quick);
@@ -940,7 +951,7 @@ fn json(cols: &[Column], plan: &Plan, tree: &Tree, unix: u64, machine: &str, sec
         s.push_str("}}");
         s.push_str(if i + 1 < WORKLOADS.len() { ",\n" } else { "\n" });
     }
-    s.push_str("  ]\n}\n");
+    let _ = write!(s, "  ],\n  \"overlay\": {overlay}\n}}\n");
     s
 }
 
@@ -1000,7 +1011,14 @@ fn main() {
         fs::create_dir_all(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
     }
     // A previous run that was killed may have left mounts; clear ours before starting.
-    for m in ["agentfs/mnt", "tmpfs"] {
+    for m in [
+        "agentfs/mnt",
+        "tmpfs",
+        "ov-0/mnt",
+        "ov-1/mnt",
+        "ov-2/mnt",
+        "ov-3/mnt",
+    ] {
         let p = work.join(m);
         if is_mounted(&p) {
             let _ = umount(&p, libc::MNT_DETACH);
@@ -1016,7 +1034,7 @@ fn main() {
         tree.bytes as f64 / MIB as f64
     );
 
-    let mut cols: Vec<Column> = ["agentfs", "ext4", "tmpfs", "overlayfs", "fuse-overlayfs"]
+    let mut cols: Vec<Column> = ["agentfs", "ext4", "tmpfs"]
         .into_iter()
         .map(Column::new)
         .collect();
@@ -1059,19 +1077,6 @@ fn main() {
         }),
         Err(e) => cols[2].missing = Some(format!("missing: {e}")),
     }
-    cols[3].missing = Some("missing (AgentFS overlay mode not implemented yet)".into());
-    let have_fuse_overlayfs = Command::new("fuse-overlayfs")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    cols[4].missing = Some(if have_fuse_overlayfs {
-        "missing (AgentFS overlay mode not implemented yet)".into()
-    } else {
-        "missing: apt-get install fuse-overlayfs".into()
-    });
-
     for rep in 0..plan.reps {
         for t in targets.iter_mut() {
             eprint!("rep {}/{} {:8} ...", rep + 1, plan.reps, t.name);
@@ -1096,7 +1101,19 @@ fn main() {
                 .is_some_and(|c| c.missing.is_none())
         });
     }
+    let bin = targets.iter().find_map(|t| match &t.backend {
+        Backend::AgentFs { bin, .. } => Some(bin.clone()),
+        _ => None,
+    });
     drop(targets); // unmounts tmpfs, ends any AgentFS server
+
+    let (ov_table, ov_json) = match overlay::run_overlay(bin.as_deref(), &work, &plan, &tree) {
+        Ok(r) => r,
+        Err(e) => (
+            format!("overlay form: failed: {e}\n"),
+            format!("{{\"failed\": {}}}", json_str(&e)),
+        ),
+    };
 
     let secs = started.elapsed().as_secs_f64();
     let unix = SystemTime::now()
@@ -1106,10 +1123,11 @@ fn main() {
     let m = machine();
     let tab = table(&cols, &plan, &tree);
     println!(
-        "\nAgentFS workloads{} — {m}, {secs:.0} s\n\n{tab}",
+        "\nAgentFS workloads{} — {m}, {secs:.0} s\n\n{tab}\nOverlay form (one lower tree, \
+         copy-on-write on top):\n\n{ov_table}",
         if plan.quick { " (quick)" } else { "" }
     );
-    let j = json(&cols, &plan, &tree, unix, &m, secs);
+    let j = json(&cols, &plan, &tree, unix, &m, secs, &ov_json);
     let file = results.join(format!("workloads-{unix}.json"));
     for p in [&file, &results.join("latest.json")] {
         if let Err(e) = fs::write(p, &j) {
@@ -1118,9 +1136,16 @@ fn main() {
     }
     println!("results: {}", file.display());
     // Remove the scratch space only when nothing is mounted inside it any more.
-    if !["agentfs/mnt", "tmpfs"]
-        .iter()
-        .any(|m| is_mounted(&work.join(m)))
+    if ![
+        "agentfs/mnt",
+        "tmpfs",
+        "ov-0/mnt",
+        "ov-1/mnt",
+        "ov-2/mnt",
+        "ov-3/mnt",
+    ]
+    .iter()
+    .any(|m| is_mounted(&work.join(m)))
     {
         let _ = fs::remove_dir_all(&work);
     }

@@ -33,6 +33,8 @@ knob_table! {
         "How long the kernel may cache attributes, in milliseconds.";
     fuse_negative_ttl_ms: U64 = 0, [0, 3600000], Policy, "AGENTFS_FUSE_NEGATIVE_TTL_MS",
         "How long the kernel may cache a failed lookup, in milliseconds (0 = never).";
+    fuse_ino_files_cap: U64 = 256, [1, 65536], Policy, "AGENTFS_FUSE_INO_FILES_CAP",
+        "Overlay mounts: most base-layer files kept open for reading (an LRU keyed by node); the least recently read is closed first.";
     sqlite_cache_kib: U64 = 16384, [256, 4194304], Policy, "AGENTFS_SQLITE_CACHE_KIB",
         "SQLite page cache per connection, in KiB.";
     sqlite_busy_timeout_ms: U64 = 5000, [0, 600000], Policy, "AGENTFS_SQLITE_BUSY_TIMEOUT_MS",
@@ -55,6 +57,16 @@ knob_table! {
         "Most operations one namespace batch transaction holds before it commits.";
     batch_namespace_gap_ms: U64 = 1, [0, 60000], Policy, "AGENTFS_BATCH_NAMESPACE_GAP_MS",
         "After a namespace batch commits, operations commit one by one for this long before the next batch opens, so other processes' writers (offline agentfs commands) get the write lock under continuous load, in milliseconds.";
+    cache: Bool = true, [0, 1], KillSwitch, "AGENTFS_CACHE",
+        "Server-side caches of attributes, name lookups and directory listings, keyed by inode (0 = every request reads SQLite).";
+    cache_attr_cap: U64 = 65536, [0, 16777216], Policy, "AGENTFS_CACHE_ATTR_CAP",
+        "Inodes whose attributes (as stored, before pending writes are merged) the server keeps in memory (0 = no attribute cache).";
+    cache_lookup_cap: U64 = 65536, [0, 16777216], Policy, "AGENTFS_CACHE_LOOKUP_CAP",
+        "Name lookups ((directory, name) -> inode or absent) the server keeps in memory (0 = no lookup cache).";
+    cache_readdir_cap: U64 = 131072, [0, 16777216], Policy, "AGENTFS_CACHE_READDIR_CAP",
+        "Directory entries the server keeps in memory as whole listings; a directory with more entries is never cached (0 = no listing cache).";
+    external_poll_ms: U64 = 250, [0, 600000], Policy, "AGENTFS_EXTERNAL_POLL_MS",
+        "How often a mounted server checks whether another process committed to the database (then it drops its caches and tells the kernel), in milliseconds (0 = never).";
     log: Str = "warn", [0, 0], Policy, "AGENTFS_LOG",
         "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug).";
     require_fuse: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_FUSE",

@@ -5,10 +5,13 @@
 //! and back through `protocol` (reply encoding) to the transport.
 
 pub mod abi;
+pub mod cache;
 pub mod cli;
+pub mod delta;
 pub mod dispatch;
 pub mod errno;
 pub mod knobs;
+pub mod overlay;
 pub mod protocol;
 pub mod store;
 pub mod sys;

@@ -285,3 +285,66 @@ fn operations_in_an_open_batch_are_visible_at_once_and_a_crash_loses_only_them()
     m.unmount();
     assert_consistent(&m.db);
 }
+
+/// `mv` from another filesystem sets modes by writing an access ACL; a plain ACL must become
+/// the mode (it did stay 0700 before), and an ACL with named entries is kept.
+#[test]
+fn access_acls_set_the_mode() {
+    if !fuse_or_skip("access_acls_set_the_mode") {
+        return;
+    }
+    let m = Mounted::new();
+    let outside = tempfile::tempdir().unwrap();
+    let src = outside.path().join("tree");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("sub/f"), b"x").unwrap();
+    fs::set_permissions(src.join("sub"), fs::Permissions::from_mode(0o751)).unwrap();
+    fs::set_permissions(src.join("sub/f"), fs::Permissions::from_mode(0o640)).unwrap();
+    let st = std::process::Command::new("mv")
+        .arg(&src)
+        .arg(m.path("moved"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mode = |p: &str| fs::symlink_metadata(m.path(p)).unwrap().mode() & 0o7777;
+    assert_eq!(mode("moved/sub"), 0o751);
+    assert_eq!(mode("moved/sub/f"), 0o640);
+    // user::rw- user:1000:r-- group::r-- mask::r-- other::--- (version 2, 8-byte entries).
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (1u16, 6u16, u32::MAX),
+        (2, 4, 1000),
+        (4, 4, u32::MAX),
+        (0x10, 4, u32::MAX),
+        (0x20, 0, u32::MAX),
+    ] {
+        acl.extend_from_slice(&tag.to_le_bytes());
+        acl.extend_from_slice(&perm.to_le_bytes());
+        acl.extend_from_slice(&id.to_le_bytes());
+    }
+    let path = std::ffi::CString::new(m.path("moved/sub/f").into_os_string().into_encoded_bytes())
+        .unwrap();
+    // SAFETY: valid C strings and buffer for the duration of the call.
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            c"system.posix_acl_access".as_ptr(),
+            acl.as_ptr().cast(),
+            acl.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(mode("moved/sub/f"), 0o640);
+    let mut buf = [0u8; 256];
+    // SAFETY: as above.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            c"system.posix_acl_access".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    assert_eq!(n as usize, acl.len(), "an extended ACL is kept");
+}

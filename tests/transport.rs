@@ -4,35 +4,9 @@
 mod common;
 
 use std::fs;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use common::{fuse_or_skip, Mounted};
-
-const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
-
-/// Holds the lock and the parameter's old value; restores it when dropped.
-struct UringParam {
-    old: String,
-    _lock: fs::File,
-}
-
-impl UringParam {
-    fn set(value: &str) -> Option<Self> {
-        let lock = fs::File::create(std::env::temp_dir().join("agentfs-enable-uring.lock")).ok()?;
-        // SAFETY: flock on an fd owned by `lock`.
-        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
-        let old = fs::read_to_string(PARAM).ok()?.trim().to_string();
-        fs::write(PARAM, value).ok()?;
-        Some(UringParam { old, _lock: lock })
-    }
-}
-
-impl Drop for UringParam {
-    fn drop(&mut self) {
-        let _ = fs::write(PARAM, &self.old);
-    }
-}
+use common::{fuse_or_skip, Mounted, UringParam, URING_PARAM as PARAM};
 
 /// Sum of the CQ heads of the server's io_uring instances, from /proc/PID/fdinfo: the kernel's
 /// own count of completions it delivered on the rings.

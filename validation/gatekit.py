@@ -114,27 +114,9 @@ class Gate:
         scratch = os.path.join(base, "%s.%d.%d" % (prefix, os.getpid(), random.randrange(1 << 30)))
         os.mkdir(scratch)
         os.chmod(scratch, 0o755)  # ordinary users need to search it
-        results = []
         t_all = time.monotonic()
-        try:
-            for name, fn, timeout in selected:
-                t0 = time.monotonic()
-                value, err = run_forked(lambda: _check_body(name, fn, scratch, is_quick),
-                                        timeout * args.timeout_scale)
-                status, detail = (value if err is None else ("FAIL", err))
-                results.append({"name": name, "status": status, "detail": detail,
-                                "seconds": round(time.monotonic() - t0, 3)})
-                print(result_line(status, name, detail), file=human, flush=True)
-        finally:
-            # Clean up in a child with a deadline too: a broken FS must not hang us.
-            _, err = run_forked(lambda: rmtree(scratch), 120)
-            if err is None and os.path.lexists(scratch):
-                err = "scratch directory still exists"
-            if err is not None:
-                detail = "could not remove %s: %s" % (scratch, err)
-                results.append({"name": "gate.cleanup", "status": "FAIL", "detail": detail, "seconds": 0})
-                print(result_line("FAIL", "gate.cleanup", detail), file=human, flush=True)
-
+        results = self.run(selected, scratch, quick=is_quick, timeout_scale=args.timeout_scale,
+                           out=human)
         npass = sum(r["status"] == "PASS" for r in results)
         nfail = sum(r["status"] == "FAIL" for r in results)
         nskip = sum(r["status"] == "SKIP" for r in results)
@@ -149,6 +131,36 @@ class Gate:
         if elapsed:
             print("# %.1fs" % (time.monotonic() - t_all), file=sys.stderr, flush=True)
         return 0 if nfail == 0 else 1
+
+    def run(self, selected, scratch, *, quick=False, timeout_scale=1.0, out=sys.stdout, label=""):
+        """Run the (name, fn, timeout) checks in `selected`, each in scratch/<name>, print a
+        result line per check (names prefixed with `label`) and remove `scratch` at the end.
+        Returns the list of result dicts.
+
+        A check directory that already exists is used as it is (not created, not chmod-ed):
+        another gate can prepare them, e.g. as directories of an overlay's read-only base, so
+        that the checks run in directories that are copied up when they are first changed."""
+        results = []
+        try:
+            for name, fn, timeout in selected:
+                t0 = time.monotonic()
+                value, err = run_forked(lambda: _check_body(name, fn, scratch, quick),
+                                        timeout * timeout_scale)
+                status, detail = (value if err is None else ("FAIL", err))
+                results.append({"name": label + name, "status": status, "detail": detail,
+                                "seconds": round(time.monotonic() - t0, 3)})
+                print(result_line(status, label + name, detail), file=out, flush=True)
+        finally:
+            # Clean up in a child with a deadline too: a broken FS must not hang us.
+            _, err = run_forked(lambda: rmtree(scratch), 120)
+            if err is None and os.path.lexists(scratch):
+                err = "scratch directory still exists"
+            if err is not None:
+                detail = "could not remove %s: %s" % (scratch, err)
+                results.append({"name": label + "gate.cleanup", "status": "FAIL",
+                                "detail": detail, "seconds": 0})
+                print(result_line("FAIL", label + "gate.cleanup", detail), file=out, flush=True)
+        return results
 
 
 def result_line(status, name, detail=""):
@@ -287,8 +299,9 @@ def _check_body(name, fn, scratch, quick):
     os.chdir("/")
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     d = os.path.join(scratch, safe_name(name))
-    os.mkdir(d)
-    os.chmod(d, 0o755)
+    if not os.path.isdir(d):
+        os.mkdir(d)
+        os.chmod(d, 0o755)
     result = ("FAIL", "did not finish")
     try:
         fn(Ctx(d, quick))

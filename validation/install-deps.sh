@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a fresh Debian machine (as root): fusermount3 for the
-# unprivileged mount path, strace for counting fdatasync, git for the workload tests.
+# unprivileged mount path, strace for counting fdatasync, git for the workload tests and the
+# overlay gate's round trip, fuse-overlayfs for the overlay gate's and benchmark's reference leg.
 set -euo pipefail
 need=()
 command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v strace >/dev/null || need+=(strace)
 command -v git >/dev/null || need+=(git)
+command -v fuse-overlayfs >/dev/null || need+=(fuse-overlayfs)
 command -v python3 >/dev/null || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive

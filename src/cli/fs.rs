@@ -1,6 +1,6 @@
 //! `agentfs fs DB ls|cat|stat|write|mkdir|rm PATH`: offline access through the store. Safe while
-//! the database is mounted (SQLite serialises the writers); a mounted kernel may show the change
-//! only after its attribute cache expires.
+//! the database is mounted (SQLite serialises the writers); the server notices the commit within
+//! `AGENTFS_EXTERNAL_POLL_MS` and invalidates its caches and the kernel's.
 
 use std::io::{Read as _, Write as _};
 use std::path::PathBuf;

@@ -10,7 +10,8 @@ use crate::store::{Finding, Store};
 pub struct Args {
     /// The database to check (safe while mounted).
     pub db: PathBuf,
-    /// Print the result as one JSON object: {"db", "clean", "findings": [{"rule", "detail"}]}.
+    /// Print the result as one JSON object: {"db", "clean", "base" (overlay base directory or
+    /// null), "findings": [{"rule", "detail"}]}.
     #[arg(long)]
     pub json: bool,
     /// Also fail when the database depends on an overlay base directory (partial-origin files):
@@ -58,6 +59,13 @@ pub fn findings(
     Ok(out)
 }
 
+/// The overlay base line of the text output (none for an ordinary database).
+fn print_base(db: &str, base: Option<&str>) {
+    if let Some(b) = base {
+        println!("{db}: overlay delta over base {b}");
+    }
+}
+
 /// Exit 0: clean; 1: findings; 2: could not check.
 pub fn run(a: Args) -> super::CliResult {
     let db = a.db.display().to_string();
@@ -80,6 +88,10 @@ pub fn run(a: Args) -> super::CliResult {
         Ok(f) => f,
         Err(e) => return fail(format!("{db}: {e}")),
     };
+    let base = match store.overlay_config() {
+        Ok(cfg) => cfg.map(|c| c.base_path.display().to_string()),
+        Err(e) => return fail(e),
+    };
     if a.json {
         let list: Vec<_> = found
             .iter()
@@ -87,11 +99,13 @@ pub fn run(a: Args) -> super::CliResult {
             .collect();
         println!(
             "{}",
-            json!({"db": db, "clean": found.is_empty(), "findings": list})
+            json!({"db": db, "clean": found.is_empty(), "base": base, "findings": list})
         );
     } else if found.is_empty() {
+        print_base(&db, base.as_deref());
         println!("{db}: clean");
     } else {
+        print_base(&db, base.as_deref());
         for f in &found {
             println!("{}: {}", f.rule, f.detail);
         }

@@ -1,7 +1,9 @@
 //! The command line: one module per subcommand. Every failure is one line on stderr and a
 //! non-zero exit status.
 
+mod apply;
 mod backup;
+mod diff;
 mod fs;
 mod fsck;
 mod init;
@@ -29,6 +31,10 @@ struct Cli {
 enum Command {
     /// Create a new database with the SPEC v0.5 schema.
     Init(init::Args),
+    /// List what an overlay delta changes in its base directory (or print it as a patch).
+    Diff(diff::Args),
+    /// Write an overlay delta's changes into its base directory.
+    Apply(apply::Args),
     /// Mount a database (created with defaults when absent) and serve it in the background.
     Mount(mount::Args),
     /// Unmount a mounted database and wait for its server to finish.
@@ -71,6 +77,8 @@ pub fn main() -> i32 {
     init_logging(&knobs.log);
     let result = match cli.command {
         Command::Init(a) => init::run(a),
+        Command::Diff(a) => diff::run(a),
+        Command::Apply(a) => apply::run(a),
         Command::Mount(a) => mount::run(a, knobs),
         Command::Umount(a) => umount::run(a),
         Command::Fs(a) => fs::run(a),

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::Entry;
 use crate::abi;
 use crate::store::{Attr, StatFs};
 
@@ -29,15 +30,15 @@ pub fn fuse_attr(a: &Attr) -> abi::Attr {
     }
 }
 
-pub fn entry_out(a: &Attr, entry_ttl: Duration, attr_ttl: Duration) -> abi::EntryOut {
+pub fn entry_out(e: &Entry, entry_ttl: Duration, attr_ttl: Duration) -> abi::EntryOut {
     abi::EntryOut {
-        nodeid: a.ino.0,
+        nodeid: e.node.0,
         generation: 0,
         entry_valid: entry_ttl.as_secs(),
         attr_valid: attr_ttl.as_secs(),
         entry_valid_nsec: entry_ttl.subsec_nanos(),
         attr_valid_nsec: attr_ttl.subsec_nanos(),
-        attr: fuse_attr(a),
+        attr: fuse_attr(&e.attr),
     }
 }
 

@@ -3,7 +3,9 @@
 //! Every transport thread calls [`Dispatcher::handle`] concurrently; the store serialises
 //! mutations on its writer connection and serves reads from per-thread read connections.
 
+mod acl;
 mod attr;
+pub mod fs;
 mod refs;
 pub mod shards;
 mod victims;
@@ -15,9 +17,10 @@ use crate::abi;
 use crate::errno::Errno;
 use crate::knobs::Knobs;
 use crate::protocol::{reply, DirBuf, DirPlusBuf, Operation, Reply, Request};
-use crate::store::{Caller, Ino, RenameFlags, SetAttr, Store, TimeSet, Timespec};
+use crate::store::{Caller, Ino, RenameFlags, SetAttr, TimeSet, Timespec};
 
-pub use refs::LookupRefs;
+pub use fs::{Entry, Filesystem};
+pub use refs::{Forgotten, LookupRefs};
 
 /// What INIT settled with the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,9 +38,9 @@ struct Ttls {
     negative: Duration,
 }
 
-/// Routes requests to the store and keeps the kernel's lookup references.
+/// Routes requests to the filesystem layer and keeps the kernel's lookup references.
 pub struct Dispatcher {
-    store: Arc<Store>,
+    fs: Arc<dyn Filesystem>,
     refs: LookupRefs,
     /// Inodes that just lost one of several names (see `victims`).
     victims: victims::RecentVictims,
@@ -55,9 +58,9 @@ fn name_ok(name: &[u8]) -> Result<&[u8], Errno> {
 }
 
 impl Dispatcher {
-    pub fn new(store: Arc<Store>, knobs: &Knobs) -> Self {
+    pub fn new(fs: Arc<dyn Filesystem>, knobs: &Knobs) -> Self {
         Self {
-            store,
+            fs,
             refs: LookupRefs::default(),
             victims: victims::RecentVictims::default(),
             ttl: Ttls {
@@ -68,6 +71,14 @@ impl Dispatcher {
             knobs: knobs.clone(),
             negotiated: OnceLock::new(),
         }
+    }
+
+    /// The inodes the kernel may cache (the root and every referenced inode): the ones to
+    /// invalidate after another process changed the database.
+    pub fn kernel_inodes(&self) -> Vec<Ino> {
+        let mut v = self.refs.referenced();
+        v.push(Ino::ROOT);
+        v
     }
 
     /// Whether the kernel caches writes (then it, not the store, knows the latest file bytes
@@ -161,7 +172,8 @@ impl Dispatcher {
             flags,
         };
         let _ = self.negotiated.set(negotiated);
-        self.store
+        self.fs
+            .store()
             .set_kernel_owns_write_times(flags & abi::FUSE_WRITEBACK_CACHE != 0);
         (Reply::Data(reply::init(&out)), Some(negotiated))
     }
@@ -176,7 +188,7 @@ impl Dispatcher {
         let result = match &req.op {
             Operation::Init { .. } => Err(Errno::EIO),
             Operation::Destroy => {
-                if let Err(e) = self.store.sync() {
+                if let Err(e) = self.fs.sync() {
                     tracing::error!("final sync at DESTROY failed: {e}");
                 }
                 Ok(Reply::Data(Vec::new()))
@@ -194,30 +206,30 @@ impl Dispatcher {
             Operation::Interrupt { .. } => Ok(Reply::None),
             Operation::Lookup { name } => self.lookup(ino, name),
             Operation::Getattr { .. } => self
-                .store
+                .fs
                 .getattr(ino)
-                .map(|a| Reply::Data(reply::attr(&attr::attr_out(&a, self.attr_ttl(a.ino))))),
+                .map(|a| Reply::Data(reply::attr(&attr::attr_out(&a, self.attr_ttl(ino))))),
             Operation::Setattr(s) => self.setattr(ino, s),
-            Operation::Readlink => self.store.readlink(ino).map(Reply::Data),
+            Operation::Readlink => self.fs.readlink(ino).map(Reply::Data),
             Operation::Symlink { name, target } => name_ok(name)
-                .and_then(|n| self.store.symlink(ino, n, target, caller))
+                .and_then(|n| self.fs.symlink(ino, n, target, caller))
                 .map(|a| self.entry(a)),
             Operation::Mknod {
                 name, mode, rdev, ..
             } => name_ok(name)
-                .and_then(|n| self.store.mknod(ino, n, *mode, *rdev, caller))
+                .and_then(|n| self.fs.mknod(ino, n, *mode, *rdev, caller))
                 .map(|a| self.entry(a)),
             Operation::Mkdir { name, mode, .. } => name_ok(name)
-                .and_then(|n| self.store.mkdir(ino, n, *mode, caller))
+                .and_then(|n| self.fs.mkdir(ino, n, *mode, caller))
                 .map(|a| self.entry(a)),
             Operation::Unlink { name } => {
-                let victim = self.store.lookup(ino, name).ok();
-                self.store.unlink(ino, name, &self.refs).map(|_| {
+                let victim = self.fs.peek(ino, name);
+                self.fs.unlink(ino, name, &self.refs).map(|_| {
                     self.note_victim(victim);
                     empty()
                 })
             }
-            Operation::Rmdir { name } => self.store.rmdir(ino, name, &self.refs).map(|_| empty()),
+            Operation::Rmdir { name } => self.fs.rmdir(ino, name, &self.refs).map(|_| empty()),
             Operation::Rename {
                 newdir,
                 name,
@@ -225,7 +237,7 @@ impl Dispatcher {
                 flags,
             } => self.rename(ino, name, Ino(*newdir), newname, *flags),
             Operation::Link { oldnodeid, newname } => name_ok(newname)
-                .and_then(|n| self.store.link(Ino(*oldnodeid), ino, n))
+                .and_then(|n| self.fs.link(Ino(*oldnodeid), ino, n))
                 .map(|a| self.entry(a)),
             // Zero-message opens: after one ENOSYS the kernel opens files and directories
             // without asking (fh = 0 from then on) and sends no RELEASE.
@@ -237,10 +249,10 @@ impl Dispatcher {
             Operation::Flush { .. } if self.knobs.fuse_noflush => Err(Errno::ENOSYS),
             Operation::Create { name, mode, .. } => self.create(ino, name, *mode, caller),
             Operation::Read { offset, size, .. } => {
-                self.store.read(ino, *offset, *size).map(Reply::Data)
+                self.fs.read(ino, *offset, *size).map(Reply::Data)
             }
             Operation::Write { offset, data, .. } => self
-                .store
+                .fs
                 .write(ino, *offset, data)
                 .map(|n| Reply::Data(reply::write(n))),
             Operation::Release { .. }
@@ -250,27 +262,27 @@ impl Dispatcher {
             // fsync/fdatasync commit this inode's pending writes and end in a real fdatasync
             // of the WAL (which also covers every namespace change committed before).
             Operation::Fsync { .. } | Operation::Fsyncdir { .. } => {
-                self.store.fsync(ino).map(|_| empty())
+                self.fs.fsync(ino).map(|_| empty())
             }
             // syncfs(2): commit everything pending, then the barrier.
             Operation::Unknown { opcode } if *opcode == abi::Opcode::Syncfs as u32 => {
-                self.store.sync().map(|_| empty())
+                self.fs.sync().map(|_| empty())
             }
             Operation::Statfs => self
-                .store
+                .fs
                 .statfs()
                 .map(|s| Reply::Data(reply::statfs(&attr::kstatfs(&s)))),
-            Operation::Setxattr { name, value, flags } => self
-                .store
-                .setxattr(ino, name, value, *flags)
-                .map(|_| empty()),
+            Operation::Setxattr { name, value, flags } if *name == acl::ACCESS => {
+                self.set_access_acl(ino, value, *flags)
+            }
+            Operation::Setxattr { name, value, flags } => {
+                self.fs.setxattr(ino, name, value, *flags).map(|_| empty())
+            }
             Operation::Getxattr { name, size } => {
-                self.store.getxattr(ino, name).and_then(|v| sized(v, *size))
+                self.fs.getxattr(ino, name).and_then(|v| sized(v, *size))
             }
-            Operation::Listxattr { size } => {
-                self.store.listxattr(ino).and_then(|v| sized(v, *size))
-            }
-            Operation::Removexattr { name } => self.store.removexattr(ino, name).map(|_| empty()),
+            Operation::Listxattr { size } => self.fs.listxattr(ino).and_then(|v| sized(v, *size)),
+            Operation::Removexattr { name } => self.fs.removexattr(ino, name).map(|_| empty()),
             Operation::Readdir { offset, size, .. } => self.readdir(ino, *offset, *size),
             Operation::Readdirplus { offset, size, .. } => self.readdirplus(ino, *offset, *size),
             Operation::Fallocate {
@@ -279,7 +291,7 @@ impl Dispatcher {
                 mode,
                 ..
             } => self
-                .store
+                .fs
                 .fallocate(ino, *offset, *length, *mode)
                 .map(|_| empty()),
             // With the writeback cache, dirty pages the kernel has not sent yet are invisible
@@ -288,7 +300,7 @@ impl Dispatcher {
             // file is data, which is always correct. Without it the chunk map is exact.
             Operation::Lseek { .. } if self.writeback_cache() => Err(Errno::ENOSYS),
             Operation::Lseek { offset, whence, .. } => self
-                .store
+                .fs
                 .lseek(ino, *offset, *whence)
                 .map(|o| Reply::Data(reply::lseek(o))),
             Operation::CopyFileRange {
@@ -299,7 +311,7 @@ impl Dispatcher {
                 wide,
                 ..
             } => self
-                .store
+                .fs
                 .copy_file_range(ino, *off_in, Ino(*nodeid_out), *off_out, *len)
                 .map(|n| {
                     Reply::Data(if *wide {
@@ -326,21 +338,17 @@ impl Dispatcher {
         }
     }
 
-    fn forget(&self, ino: Ino, n: u64) {
-        if self.refs.forget(ino, n) {
-            if let Err(e) = self.store.reap(ino) {
-                tracing::error!("reaping orphan inode {} failed: {e}", ino.0);
-            }
-        }
+    fn forget(&self, node: Ino, n: u64) {
+        self.fs.forget(node, n, &self.refs);
     }
 
     /// An entry reply for a new kernel reference.
-    fn entry(&self, a: crate::store::Attr) -> Reply {
-        self.refs.add(a.ino, 1);
+    fn entry(&self, e: Entry) -> Reply {
+        self.refs.add(e.node, 1);
         Reply::Data(reply::entry(&attr::entry_out(
-            &a,
+            &e,
             self.ttl.entry,
-            self.attr_ttl(a.ino),
+            self.attr_ttl(e.node),
         )))
     }
 
@@ -355,17 +363,17 @@ impl Dispatcher {
     }
 
     /// Record the target of a successful unlink or rename-over if it still has names.
-    fn note_victim(&self, victim: Option<crate::store::Attr>) {
+    fn note_victim(&self, victim: Option<Entry>) {
         if let Some(v) = victim {
-            if v.nlink > 1 && v.mode & libc::S_IFMT != libc::S_IFDIR {
-                self.victims.record(v.ino);
+            if v.attr.nlink > 1 && v.attr.mode & libc::S_IFMT != libc::S_IFDIR {
+                self.victims.record(v.node);
             }
         }
     }
 
     fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Reply, Errno> {
         let name = name_ok(name)?;
-        match self.store.lookup(parent, name) {
+        match self.fs.lookup(parent, name) {
             Ok(a) => Ok(self.entry(a)),
             Err(e) if e == Errno::ENOENT && !self.ttl.negative.is_zero() => {
                 // A negative entry (node id 0) the kernel may cache.
@@ -380,9 +388,9 @@ impl Dispatcher {
     fn create(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Reply, Errno> {
         let name = name_ok(name)?;
         let mode = (mode & 0o7777) | libc::S_IFREG;
-        let a = self.store.mknod(parent, name, mode, 0, caller)?;
-        self.refs.add(a.ino, 1);
-        let entry = attr::entry_out(&a, self.ttl.entry, self.ttl.attr);
+        let e = self.fs.mknod(parent, name, mode, 0, caller)?;
+        self.refs.add(e.node, 1);
+        let entry = attr::entry_out(&e, self.ttl.entry, self.ttl.attr);
         Ok(Reply::Data(reply::create(&entry, &self.open_out())))
     }
 
@@ -405,8 +413,33 @@ impl Dispatcher {
                 _ => None,
             },
         };
-        let a = self.store.setattr(ino, &set)?;
+        let a = self.fs.setattr(ino, &set)?;
         Ok(Reply::Data(reply::attr(&attr::attr_out(&a, self.ttl.attr))))
+    }
+
+    /// setxattr of an access ACL: it sets the mode (see `acl`).
+    fn set_access_acl(&self, ino: Ino, value: &[u8], flags: u32) -> Result<Reply, Errno> {
+        let m = acl::parse(value)?;
+        let mode = self.fs.getattr(ino)?.mode;
+        let set = SetAttr {
+            mode: Some((mode & 0o7000) | m.perm),
+            uid: None,
+            gid: None,
+            size: None,
+            atime: None,
+            mtime: None,
+            ctime: None,
+        };
+        self.fs.setattr(ino, &set)?;
+        if m.extended {
+            self.fs.setxattr(ino, acl::ACCESS, value, flags)?;
+        } else {
+            match self.fs.removexattr(ino, acl::ACCESS) {
+                Err(e) if e != Errno::ENODATA => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(empty())
     }
 
     fn rename(
@@ -430,9 +463,9 @@ impl Dispatcher {
         let victim = if f.exchange {
             None
         } else {
-            self.store.lookup(newparent, name_new).ok()
+            self.fs.peek(newparent, name_new)
         };
-        self.store
+        self.fs
             .rename(parent, name, newparent, name_new, f, &self.refs)?;
         self.note_victim(victim);
         Ok(empty())
@@ -442,7 +475,7 @@ impl Dispatcher {
         let mut buf = DirBuf::new(size as usize);
         let mut offset = offset;
         loop {
-            let batch = self.store.readdir(ino, offset, 256)?;
+            let batch = self.fs.readdir(ino, offset, 256)?;
             if batch.is_empty() {
                 break;
             }
@@ -460,25 +493,30 @@ impl Dispatcher {
         let mut buf = DirPlusBuf::new(size as usize);
         let mut offset = offset;
         loop {
-            let batch = self.store.readdirplus(ino, offset, 128)?;
+            let batch = self.fs.readdirplus(ino, offset, 128)?;
             if batch.is_empty() {
                 break;
             }
-            for (e, a) in &batch {
+            for (e, ent) in &batch {
                 // The kernel takes no reference for "." and ".." or for a record with node id
                 // 0, which we also send for a recent victim (see `victims`): the name is
                 // listed, its attributes are not applied.
-                let unlinked = e.name == b"." || e.name == b".." || self.victims.is_recent(a.ino);
+                let unlinked =
+                    e.name == b"." || e.name == b".." || self.victims.is_recent(ent.node);
                 let out = if unlinked {
-                    attr::unlinked_entry(a)
+                    attr::unlinked_entry(&ent.attr)
                 } else {
-                    attr::entry_out(a, self.ttl.entry, self.ttl.attr)
+                    attr::entry_out(ent, self.ttl.entry, self.ttl.attr)
                 };
                 if !buf.push(&out, e.offset, attr::dirent_type(e.kind), &e.name) {
+                    // The overlay may have made a node for this entry; the kernel never saw it.
+                    if !unlinked {
+                        self.fs.forget(ent.node, 0, &self.refs);
+                    }
                     return Ok(Reply::Data(buf.into_bytes()));
                 }
                 if !unlinked {
-                    self.refs.add(a.ino, 1);
+                    self.refs.add(ent.node, 1);
                 }
                 offset = e.offset;
             }

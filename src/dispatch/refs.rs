@@ -22,6 +22,15 @@ struct Table {
     orphans: HashSet<Ino>,
 }
 
+/// What a FORGET ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Forgotten {
+    /// The kernel holds no reference any more.
+    pub last: bool,
+    /// ... and the inode is an orphan: the caller must reap it.
+    pub orphan_released: bool,
+}
+
 /// The reference table shared by every transport thread.
 #[derive(Default)]
 pub struct LookupRefs {
@@ -37,9 +46,8 @@ impl LookupRefs {
         *self.table.lock().counts.entry(ino).or_insert(0) += n;
     }
 
-    /// Drop `n` references. Returns true when the inode is an orphan whose last reference just
-    /// went: the caller must reap it.
-    pub fn forget(&self, ino: Ino, n: u64) -> bool {
+    /// Drop `n` references and say what that ended.
+    pub fn forget(&self, ino: Ino, n: u64) -> Forgotten {
         let mut t = self.table.lock();
         let left = match t.counts.get_mut(&ino) {
             Some(c) => {
@@ -49,15 +57,23 @@ impl LookupRefs {
             None => 0,
         };
         if left > 0 {
-            return false;
+            return Forgotten::default();
         }
         t.counts.remove(&ino);
-        t.orphans.remove(&ino)
+        Forgotten {
+            last: true,
+            orphan_released: t.orphans.remove(&ino),
+        }
     }
 
     /// References currently held by the kernel on `ino`.
     pub fn count(&self, ino: Ino) -> u64 {
         self.table.lock().counts.get(&ino).copied().unwrap_or(0)
+    }
+
+    /// Every inode the kernel holds a reference to (the root excepted: it is never counted).
+    pub fn referenced(&self) -> Vec<Ino> {
+        self.table.lock().counts.keys().copied().collect()
     }
 
     /// Orphans still waiting for their last FORGET.
@@ -88,8 +104,8 @@ mod tests {
         let ino = Ino(7);
         r.add(ino, 2);
         assert!(r.retain_orphan(ino));
-        assert!(!r.forget(ino, 1));
-        assert!(r.forget(ino, 1));
+        assert_eq!(r.forget(ino, 1), Forgotten::default());
+        assert!(r.forget(ino, 1).orphan_released);
         assert_eq!(r.orphan_count(), 0);
         assert!(
             !r.retain_orphan(ino),

@@ -4,7 +4,10 @@
 //! or puts the header in the ring entry's `in_out` area and the body in its payload buffer.
 //! Notifications (server → kernel, unique 0) are whole messages and go to /dev/fuse only.
 
-use crate::abi::{self, FUSE_NOTIFY_DELETE, FUSE_NOTIFY_INVAL_ENTRY, FUSE_NOTIFY_INVAL_INODE};
+use crate::abi::{
+    self, FUSE_NOTIFY_DELETE, FUSE_NOTIFY_INC_EPOCH, FUSE_NOTIFY_INVAL_ENTRY,
+    FUSE_NOTIFY_INVAL_INODE, FUSE_NOTIFY_PRUNE,
+};
 use crate::errno::Errno;
 use core::mem::size_of;
 use zerocopy::IntoBytes;
@@ -299,6 +302,24 @@ pub fn notify_inval_entry(parent: u64, name: &[u8], flags: u32) -> Vec<u8> {
         flags,
     };
     notification(FUSE_NOTIFY_INVAL_ENTRY, &[body.as_bytes(), name, b"\0"])
+}
+
+/// FUSE_NOTIFY_INC_EPOCH (protocol 7.44): every dentry the kernel looked up before this is
+/// revalidated (sent to LOOKUP again) at its next use.
+pub fn notify_inc_epoch() -> Vec<u8> {
+    notification(FUSE_NOTIFY_INC_EPOCH, &[])
+}
+
+/// FUSE_NOTIFY_PRUNE (protocol 7.45): drop the unused dentries of `nodes` and evict the
+/// inodes nothing else holds, so their next lookup starts from the server's attributes.
+pub fn notify_prune(nodes: &[u64]) -> Vec<u8> {
+    let head = abi::NotifyPruneOut {
+        count: u32::try_from(nodes.len()).unwrap_or(u32::MAX),
+        padding: 0,
+        spare: 0,
+    };
+    let ids: Vec<u8> = nodes.iter().flat_map(|n| n.to_ne_bytes()).collect();
+    notification(FUSE_NOTIFY_PRUNE, &[head.as_bytes(), &ids])
 }
 
 /// FUSE_NOTIFY_DELETE: `name` under `parent` (which was `child`) is gone.

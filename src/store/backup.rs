@@ -35,14 +35,24 @@ pub struct PartialOrigin {
 
 /// Every partial-origin row of the database behind `c` (none if the table is missing).
 pub fn partial_origins(c: &Connection) -> rusqlite::Result<Vec<PartialOrigin>> {
+    partial_origins_of(c, None)
+}
+
+/// The partial-origin rows of the database, or of one inode.
+pub fn partial_origins_of(
+    c: &Connection,
+    ino: Option<super::Ino>,
+) -> rusqlite::Result<Vec<PartialOrigin>> {
     if !super::copy::has_table(c, "main", "fs_partial_origin")? {
         return Ok(Vec::new());
     }
-    let mut st = c.prepare(
+    let mut st = c.prepare_cached(
         "SELECT delta_ino, base_ino, base_path, base_size, base_fingerprint_size, base_mtime,
-                base_mtime_nsec, base_ctime, base_ctime_nsec FROM fs_partial_origin ORDER BY delta_ino",
+                base_mtime_nsec, base_ctime, base_ctime_nsec FROM fs_partial_origin
+         WHERE ?1 IS NULL OR delta_ino = ?1 ORDER BY delta_ino",
     )?;
-    let rows = st.query_map([], |r| {
+    let filter = ino.map(|i| i.0 as i64);
+    let rows = st.query_map([filter], |r| {
         Ok(PartialOrigin {
             delta_ino: r.get(0)?,
             base_ino: r.get(1)?,
@@ -118,6 +128,50 @@ impl PartialOrigin {
         }
         Ok(md)
     }
+
+    /// Visit every chunk of this file that reads from the base, in order: `f(k, bytes)` with
+    /// the base file's bytes [k*cs, min((k+1)*cs, size, base length)) for each chunk k below
+    /// `size` that has no `fs_chunk_override` row. The part of the chunk that `bytes` does not
+    /// cover (possibly all of it) reads as zeros. The fingerprint is checked first.
+    pub fn for_each_base_chunk(
+        &self,
+        c: &Connection,
+        cs: u64,
+        size: u64,
+        mut f: impl FnMut(u64, &[u8]) -> Result<(), String>,
+    ) -> Result<(), String> {
+        self.check_base()?;
+        let base_err = |e: std::io::Error| {
+            format!(
+                "inode {}: base file {}: {e}",
+                self.delta_ino, self.base_path
+            )
+        };
+        let base = std::fs::File::open(&self.base_path).map_err(base_err)?;
+        let base_len = base.metadata().map_err(base_err)?.len();
+        let overrides: std::collections::HashSet<i64> = {
+            let mut st = c
+                .prepare("SELECT chunk_index FROM fs_chunk_override WHERE delta_ino = ?1")
+                .ctx("fs_chunk_override")?;
+            let it = st
+                .query_map([self.delta_ino], |r| r.get(0))
+                .ctx("fs_chunk_override")?;
+            it.collect::<rusqlite::Result<_>>()
+                .ctx("fs_chunk_override")?
+        };
+        let mut buf = Vec::new();
+        for idx in 0..size.div_ceil(cs) {
+            if overrides.contains(&i64::try_from(idx).unwrap_or(i64::MAX)) {
+                continue;
+            }
+            let start = idx * cs;
+            let end = ((idx + 1) * cs).min(size).min(base_len);
+            buf.resize(end.saturating_sub(start) as usize, 0);
+            base.read_exact_at(&mut buf, start).map_err(base_err)?;
+            f(idx, &buf)?;
+        }
+        Ok(())
+    }
 }
 
 /// Fold the base bytes of every partial-origin file of `db` (a private copy) into it, in one
@@ -141,10 +195,6 @@ pub fn fold_base(db: &Path, progress: &dyn Progress) -> Result<u64, String> {
     let origins = partial_origins(&tx).ctx(&p)?;
     progress.start("folding base files", origins.len() as u64);
     for po in &origins {
-        po.check_base()?;
-        let base = std::fs::File::open(&po.base_path)
-            .map_err(|e| format!("inode {}: base file {}: {e}", po.delta_ino, po.base_path))?;
-        let base_len = base.metadata().map(|m| m.len()).unwrap_or(0);
         let size: i64 = tx
             .query_row(
                 "SELECT size FROM fs_inode WHERE ino = ?1",
@@ -153,40 +203,25 @@ pub fn fold_base(db: &Path, progress: &dyn Progress) -> Result<u64, String> {
             )
             .ctx(format!("inode {}", po.delta_ino))?;
         let size = u64::try_from(size).unwrap_or(0);
-        let overrides: std::collections::HashSet<i64> = {
-            let mut st = tx
-                .prepare("SELECT chunk_index FROM fs_chunk_override WHERE delta_ino = ?1")
-                .ctx(&p)?;
-            let it = st.query_map([po.delta_ino], |r| r.get(0)).ctx(&p)?;
-            it.collect::<rusqlite::Result<_>>().ctx(&p)?
-        };
         let chunks = size.div_ceil(cs);
-        let mut buf = Vec::new();
-        for idx in 0..chunks {
+        po.for_each_base_chunk(&tx, cs, size, |idx, bytes| {
             let i = i64::try_from(idx).unwrap_or(i64::MAX);
-            if overrides.contains(&i) {
-                continue;
-            }
-            let start = idx * cs;
-            let end = ((idx + 1) * cs).min(size).min(base_len);
-            if start >= end {
+            if bytes.is_empty() {
                 tx.execute(
                     "DELETE FROM fs_data WHERE ino = ?1 AND chunk_index = ?2",
                     [po.delta_ino, i],
                 )
                 .ctx(&p)?;
-                continue;
+            } else {
+                tx.execute(
+                    "INSERT INTO fs_data (ino, chunk_index, data) VALUES (?1, ?2, ?3)
+                     ON CONFLICT(ino, chunk_index) DO UPDATE SET data = excluded.data",
+                    rusqlite::params![po.delta_ino, i, bytes],
+                )
+                .ctx(&p)?;
             }
-            buf.resize((end - start) as usize, 0);
-            base.read_exact_at(&mut buf, start)
-                .map_err(|e| format!("inode {}: base file {}: {e}", po.delta_ino, po.base_path))?;
-            tx.execute(
-                "INSERT INTO fs_data (ino, chunk_index, data) VALUES (?1, ?2, ?3)
-                 ON CONFLICT(ino, chunk_index) DO UPDATE SET data = excluded.data",
-                rusqlite::params![po.delta_ino, i, buf],
-            )
-            .ctx(&p)?;
-        }
+            Ok(())
+        })?;
         tx.execute(
             "DELETE FROM fs_data WHERE ino = ?1 AND chunk_index >= ?2",
             [po.delta_ino, i64::try_from(chunks).unwrap_or(i64::MAX)],

@@ -116,7 +116,7 @@ fn get_chunk(c: &Connection, ino: Ino, idx: u64) -> Result<Option<Vec<u8>>, Errn
         .optional()?)
 }
 
-fn put_chunk(c: &Connection, ino: Ino, idx: u64, data: &[u8]) -> Result<(), Errno> {
+pub(super) fn put_chunk(c: &Connection, ino: Ino, idx: u64, data: &[u8]) -> Result<(), Errno> {
     c.prepare_cached(
         "INSERT INTO fs_data (ino, chunk_index, data) VALUES (?1, ?2, ?3)
          ON CONFLICT (ino, chunk_index) DO UPDATE SET data = excluded.data",

@@ -87,6 +87,16 @@ pub fn list_plus(
         .collect()
 }
 
+/// The inode `name` names in directory `parent`, or None: ENOENT/ENOTDIR for the parent,
+/// ENAMETOOLONG. Only real names ("." and ".." are [`lookup`]'s).
+pub fn child(c: &Connection, parent: Ino, name: &[u8]) -> Result<Option<Ino>, Errno> {
+    if name.len() > NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    dir_meta(c, parent)?;
+    Ok(dentry(c, parent, name)?.map(|d| d.1))
+}
+
 /// lookup: "." and ".." are answered from the directory itself.
 pub fn lookup(c: &Connection, cfg: &FsConfig, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
     if name.len() > NAME_MAX {

@@ -19,6 +19,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
+use crate::cache::{self, CacheConfig, Caches, Listing};
 use crate::errno::Errno;
 
 pub mod backup;
@@ -32,6 +35,7 @@ mod inode;
 pub mod kv;
 pub mod migrate;
 mod namespace;
+pub mod overlay;
 pub mod progress;
 pub mod repair;
 mod schema;
@@ -42,7 +46,9 @@ pub mod tools;
 mod xattr;
 
 pub use check::Finding;
-pub use conn::{LostHook, NamespaceBatch};
+pub use conn::NamespaceBatch;
+pub use namespace::NewKind;
+pub use overlay::Effects;
 pub use schema::{
     USER_VERSION_V00, USER_VERSION_V02, USER_VERSION_V03, USER_VERSION_V04, USER_VERSION_V05,
 };
@@ -217,18 +223,26 @@ pub struct SqliteDurability {
     path: PathBuf,
     config: FsConfig,
     writer: Arc<conn::WriterCell>,
+    /// The store's caches: a commit changes the stored size, times and blocks of its inodes.
+    caches: Arc<Caches>,
 }
 
 impl batch::Durability for SqliteDurability {
     /// Its own transaction, after the open namespace batch commits (so transactions keep the
-    /// order in which operations were answered).
+    /// order in which operations were answered). The attribute cache is invalidated before
+    /// the batcher drops the committed bytes from the pending map, so a reader merging pending
+    /// state never pairs a stale cached size with a map that no longer holds the bytes.
     fn commit_batch(&self, batch: &[Arc<batch::InodeBatch>]) -> Result<(), Errno> {
-        self.writer.transact_alone(|c| {
+        let out = self.writer.transact_alone(|c| {
             for b in batch {
                 apply(c, &self.config, b)?;
             }
             Ok(())
-        })
+        });
+        for b in batch {
+            self.caches.inode_changed(b.ino);
+        }
+        out
     }
 
     fn barrier(&self) -> Result<(), Errno> {
@@ -290,6 +304,9 @@ fn merge_attr(a: &mut Attr, v: Option<batch::AttrView>) {
         .max(stored.saturating_add(v.bytes).min(a.size).div_ceil(512));
 }
 
+/// A name (parent directory, name) that resolves differently after an external change.
+pub type ChangedName = (Ino, Vec<u8>);
+
 /// Optimistic attempts of a reader before it reads with the pending map locked.
 const OPTIMISTIC_TRIES: usize = 3;
 
@@ -319,6 +336,12 @@ pub struct Store {
     /// it then sends its own times with SETATTR, and a WRITE arriving after that must not
     /// move them (a cache drop would otherwise show a different mtime).
     write_times: std::sync::atomic::AtomicBool,
+    /// Attribute, lookup and listing caches (see [`crate::cache`]). Every mutation method
+    /// invalidates what it changed after its transaction and before it returns.
+    caches: Arc<Caches>,
+    /// The last `PRAGMA data_version` seen by [`Store::external_change`], and on a read-only
+    /// open the connection it is read on (the writer's own commits never change it there).
+    watch: Mutex<(Option<i64>, Option<rusqlite::Connection>)>,
 }
 
 impl Store {
@@ -337,17 +360,26 @@ impl Store {
         let k = crate::knobs::get();
         let batching = k.batch.then(|| batch::BatchConfig::from_knobs(k));
         let namespace = conn::NamespaceBatch::from_knobs(k);
-        Self::open_with(path, readonly, batching, namespace)
+        Self::open_with(
+            path,
+            readonly,
+            batching,
+            namespace,
+            CacheConfig::from_knobs(k),
+        )
     }
 
-    /// [`Store::open`] with explicit batching policies: `batching` for WRITE data (`None`: one
-    /// transaction per write), `namespace` for every mutation (`None`: each commits at once).
+    /// [`Store::open`] with explicit batching policies and cache capacities: `batching` for
+    /// WRITE data (`None`: one transaction per write), `namespace` for every mutation (`None`:
+    /// each commits at once).
     pub fn open_with(
         path: &Path,
         readonly: bool,
         batching: Option<batch::BatchConfig>,
         namespace: Option<NamespaceBatch>,
+        caching: CacheConfig,
     ) -> Result<Store, StoreError> {
+        let caches = Arc::new(Caches::new(caching));
         let config = schema::inspect(path)?;
         let sqlite = |source| StoreError::Sqlite {
             path: path.display().to_string(),
@@ -358,10 +390,14 @@ impl Store {
         } else {
             let w = conn::Writer::open(path, namespace).map_err(sqlite)?;
             schema::ensure_extensions(w.conn()).map_err(sqlite)?;
-            Some(conn::WriterCell::new(w).map_err(|source| StoreError::Io {
+            let w = conn::WriterCell::new(w).map_err(|source| StoreError::Io {
                 path: path.display().to_string(),
                 source,
-            })?)
+            })?;
+            // A lost namespace batch undoes operations whose effects the caches may hold.
+            let c = caches.clone();
+            w.set_lost_hook(Arc::new(move || c.clear()));
+            Some(w)
         };
         let batch = match (&writer, batching) {
             (Some(w), Some(cfg)) => {
@@ -370,6 +406,7 @@ impl Store {
                         path: path.to_path_buf(),
                         config,
                         writer: w.clone(),
+                        caches: caches.clone(),
                     },
                     cfg,
                 );
@@ -396,6 +433,8 @@ impl Store {
             readers,
             xattrs,
             write_times: std::sync::atomic::AtomicBool::new(true),
+            caches,
+            watch: Mutex::new((None, None)),
         })
     }
 
@@ -475,14 +514,6 @@ impl Store {
         Ok(())
     }
 
-    /// Tell `hook` whenever a namespace batch is lost (its COMMIT failed and every operation
-    /// of its window was rolled back), so caches of store state can drop everything.
-    pub fn on_lost_batch(&self, hook: conn::LostHook) {
-        if let Some(w) = &self.writer {
-            w.set_lost_hook(hook);
-        }
-    }
-
     /// Read attributes from the database and fold pending writes into them, consistently:
     /// if bytes left the pending map during the database read, try again, and in the end read
     /// with the map locked.
@@ -518,24 +549,168 @@ impl Store {
 
     /// The entry `name` in directory `parent`: ENOENT, ENOTDIR (parent), ENAMETOOLONG.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
-        self.with_pending_attrs(
-            || self.read_tx(|c| dir::lookup(c, &self.config, parent, name)),
-            |a| vec![a],
-        )
+        self.with_pending_attrs(|| self.stored_lookup(parent, name), |a| vec![a])
+    }
+
+    /// [`Store::lookup`] before pending writes are merged: from the caches when they know the
+    /// name (and, for a positive entry, the child's attributes), else from the database.
+    fn stored_lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+        if name == b"." || name == b".." {
+            return self.read_tx(|c| dir::lookup(c, &self.config, parent, name));
+        }
+        match self.caches.lookup(parent, name) {
+            Some(None) => return Err(Errno::ENOENT),
+            Some(Some(child)) => {
+                if let Ok(a) = self.stored_attr(child) {
+                    return Ok(a);
+                }
+            }
+            None => {}
+        }
+        let t = self.caches.ticket();
+        let found = self.read_tx(|c| match dir::child(c, parent, name)? {
+            Some(child) => Ok(Some(inode::attr_of(c, &self.config, child)?)),
+            None => Ok(None),
+        })?;
+        self.caches
+            .put_lookup(&t, parent, name, found.map(|a| a.ino));
+        let a = found.ok_or(Errno::ENOENT)?;
+        self.caches.put_attr(&t, a);
+        Ok(a)
     }
 
     /// An inode's attributes (orphans included); ENOENT if it does not exist. Pending writes
     /// count (size, times).
     pub fn getattr(&self, ino: Ino) -> Result<Attr, Errno> {
-        self.with_pending_attrs(
-            || self.read_tx(|c| inode::attr_of(c, &self.config, ino)),
-            |a| vec![a],
-        )
+        self.with_pending_attrs(|| self.stored_attr(ino), |a| vec![a])
+    }
+
+    /// Attributes as stored (pending writes not merged), from the cache or the database.
+    fn stored_attr(&self, ino: Ino) -> Result<Attr, Errno> {
+        if let Some(a) = self.caches.attr(ino) {
+            return Ok(a);
+        }
+        let t = self.caches.ticket();
+        let a = self.read_tx(|c| inode::attr_of(c, &self.config, ino))?;
+        self.caches.put_attr(&t, a);
+        Ok(a)
+    }
+
+    /// The cached listing of `dir`, loaded whole on a miss (with `plus`, every entry's
+    /// attributes are read and cached in the same snapshot). None when listings are not
+    /// cached or the directory has more entries than the cache may hold.
+    fn cached_listing(&self, dir: Ino, plus: bool) -> Result<Option<Arc<Listing>>, Errno> {
+        let Some(limit) = self.caches.listing_limit() else {
+            return Ok(None);
+        };
+        if let Some(l) = self.caches.listing(dir) {
+            return Ok(Some(l));
+        }
+        let t = self.caches.ticket();
+        let max = limit.saturating_add(1);
+        let (entries, attrs) = self.read_tx(|c| {
+            let rows = dir::list(c, dir, 0, max)?;
+            let mut attrs = Vec::new();
+            if plus && rows.len() <= limit {
+                for (_, m) in &rows {
+                    attrs.push(inode::attr(c, &self.config, m)?);
+                }
+            }
+            Ok((rows.into_iter().map(|(e, _)| e).collect::<Vec<_>>(), attrs))
+        })?;
+        if entries.len() > limit {
+            self.caches.put_listing(&t, dir, Arc::new(Listing::TooBig));
+            return Ok(None);
+        }
+        for a in attrs {
+            self.caches.put_attr(&t, a);
+        }
+        let l = Arc::new(Listing::Entries(entries));
+        self.caches.put_listing(&t, dir, l.clone());
+        Ok(Some(l))
+    }
+
+    /// A page of `dir`'s listing with stored attributes, from the caches; None when the
+    /// listing is not cached (or an entry's inode is gone: the database decides then).
+    fn cached_page_plus(
+        &self,
+        dir: Ino,
+        offset: u64,
+        max: usize,
+    ) -> Result<Option<Vec<(DirEntry, Attr)>>, Errno> {
+        let Some(l) = self.cached_listing(dir, true)? else {
+            return Ok(None);
+        };
+        let Listing::Entries(entries) = &*l else {
+            return Ok(None);
+        };
+        let page = cache::page(entries, offset, max);
+        let mut out = Vec::with_capacity(page.len());
+        for e in page {
+            match self.stored_attr(e.ino) {
+                Ok(a) => out.push((e, a)),
+                Err(_) => return Ok(None),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Drop every cached value (another process changed the database, or a transaction whose
+    /// effects the caches may have seen was rolled back). Never needed for correctness after
+    /// the store's own mutations: each invalidates what it changed.
+    pub fn invalidate_all(&self) {
+        self.caches.clear();
+    }
+
+    /// Whether another connection (another process: `agentfs fs`, `kv`, a foreign tool)
+    /// committed to the database since the last call, by `PRAGMA data_version` on a
+    /// connection whose own commits do not count. On a change every cache is dropped and the
+    /// names the caches held that now resolve differently are returned (parent, name), so the
+    /// kernel can be told; names the caches did not hold are not found. The first call only
+    /// records the version.
+    pub fn external_change(&self) -> Result<Option<Vec<ChangedName>>, Errno> {
+        let mut watch = self.watch.lock();
+        let version: i64 = match &self.writer {
+            Some(w) => w
+                .lock()
+                .conn()
+                .query_row("PRAGMA data_version", [], |r| r.get(0))?,
+            None => {
+                if watch.1.is_none() {
+                    watch.1 = Some(conn::open(&self.path, true)?);
+                }
+                match &watch.1 {
+                    Some(c) => c.query_row("PRAGMA data_version", [], |r| r.get(0))?,
+                    None => return Ok(None),
+                }
+            }
+        };
+        let last = watch.0.replace(version);
+        if last.is_none() || last == Some(version) {
+            return Ok(None);
+        }
+        drop(watch);
+        let names = self.caches.cached_names();
+        self.caches.clear();
+        let changed = self.read_tx(|c| {
+            let mut out = Vec::new();
+            for (parent, name, was) in names {
+                let now = match inode::dentry(c, parent, &name) {
+                    Ok(d) => d.map(|d| d.1),
+                    Err(_) => None,
+                };
+                if now != was {
+                    out.push((parent, name));
+                }
+            }
+            Ok(out)
+        })?;
+        Ok(Some(changed))
     }
 
     /// Claim the pending bytes of `inos` (ascending, each once), run `f` with them in one
     /// write transaction, then finish the claims: committed if `f` succeeded and wrote them
-    /// (`commits`), put back otherwise.
+    /// (`commits`), put back otherwise. The attributes of `inos` are invalidated.
     fn with_claims<T>(
         &self,
         inos: &[Ino],
@@ -543,14 +718,23 @@ impl Store {
         clear_mtime: bool,
         f: impl FnOnce(&rusqlite::Connection, &[Arc<batch::InodeBatch>]) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
+        let changed = || {
+            for ino in inos {
+                self.caches.inode_changed(*ino);
+            }
+        };
         let Some(b) = &self.batch else {
-            return self.write_tx(|c| f(c, &[]));
+            let out = self.write_tx(|c| f(c, &[]));
+            changed();
+            return out;
         };
         let mut sorted = inos.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
         let claims: Vec<_> = sorted.iter().filter_map(|i| b.claim(*i)).collect();
         let out = self.write_tx(|c| f(c, &claims));
+        // Before the claimed bytes leave the pending map (see SqliteDurability::commit_batch).
+        changed();
         for cl in &claims {
             let how = if out.is_ok() && commits {
                 batch::Finish::Committed
@@ -603,9 +787,26 @@ impl Store {
         caller: Caller,
     ) -> Result<Attr, Errno> {
         let kind = namespace::NewKind::Node { mode, rdev };
-        self.write_tx(|c| {
-            namespace::create(c, &self.config, parent, name, kind, caller, inode::now())
-        })
+        self.create_fx(parent, name, kind, caller, &Effects::NONE)
+    }
+
+    /// Create an inode of any kind, with whiteout changes in the same transaction.
+    pub fn create_fx(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: NewKind<'_>,
+        caller: Caller,
+        fx: &Effects<'_>,
+    ) -> Result<Attr, Errno> {
+        let out = self.write_tx(|c| {
+            let now = inode::now();
+            let a = namespace::create(c, &self.config, parent, name, kind, caller, now)?;
+            overlay::apply_effects(c, fx, now)?;
+            Ok(a)
+        });
+        self.caches.entry_changed(parent, name);
+        out
     }
 
     /// Create a directory (inherits S_ISGID and the group from a setgid parent).
@@ -617,9 +818,7 @@ impl Store {
         caller: Caller,
     ) -> Result<Attr, Errno> {
         let kind = namespace::NewKind::Dir { perm: mode };
-        self.write_tx(|c| {
-            namespace::create(c, &self.config, parent, name, kind, caller, inode::now())
-        })
+        self.create_fx(parent, name, kind, caller, &Effects::NONE)
     }
 
     /// Create a symlink to `target` (stored verbatim, never followed here).
@@ -631,16 +830,31 @@ impl Store {
         caller: Caller,
     ) -> Result<Attr, Errno> {
         let kind = namespace::NewKind::Symlink { target };
-        self.write_tx(|c| {
-            namespace::create(c, &self.config, parent, name, kind, caller, inode::now())
-        })
+        self.create_fx(parent, name, kind, caller, &Effects::NONE)
     }
 
     /// A new name for `ino`; EPERM on directories, ENOENT for an unlinked inode.
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr, Errno> {
-        let mut a = self.write_tx(|c| {
-            namespace::link(c, &self.config, ino, newparent, newname, inode::now())
-        })?;
+        self.link_fx(ino, newparent, newname, &Effects::NONE)
+    }
+
+    /// [`Store::link`] with whiteout changes in the same transaction.
+    pub fn link_fx(
+        &self,
+        ino: Ino,
+        newparent: Ino,
+        newname: &[u8],
+        fx: &Effects<'_>,
+    ) -> Result<Attr, Errno> {
+        let out = self.write_tx(|c| {
+            let now = inode::now();
+            let a = namespace::link(c, &self.config, ino, newparent, newname, now)?;
+            overlay::apply_effects(c, fx, now)?;
+            Ok(a)
+        });
+        self.caches.entry_changed(newparent, newname);
+        self.caches.inode_changed(ino);
+        let mut a = out?;
         if let Some(b) = &self.batch {
             b.view(|v| merge_attr(&mut a, v.attr(ino)));
         }
@@ -657,18 +871,43 @@ impl Store {
     /// Remove a non-directory name (EISDIR on directories). If it was the last name, `live`
     /// decides inside the transaction whether the rows stay as an orphan.
     pub fn unlink(&self, parent: Ino, name: &[u8], live: &dyn Liveness) -> Result<(), Errno> {
-        let dead = self.write_tx(|c| {
-            let victim = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
-            namespace::remove(c, parent, name, false, live, inode::now())?;
-            gone(c, victim)
-        })?;
-        self.discard_dead(dead);
-        Ok(())
+        self.remove_fx(parent, name, false, live, &Effects::NONE)
+    }
+
+    /// Invalidate the cached attributes and listings of inodes a mutation changed.
+    fn forget_inodes(&self, inos: &[Option<Ino>]) {
+        for ino in inos.iter().flatten() {
+            self.caches.inode_changed(*ino);
+            self.caches.dir_changed(*ino);
+        }
     }
 
     /// Remove an empty directory: ENOTEMPTY, ENOTDIR, EINVAL for ".".
     pub fn rmdir(&self, parent: Ino, name: &[u8], live: &dyn Liveness) -> Result<(), Errno> {
-        self.write_tx(|c| namespace::remove(c, parent, name, true, live, inode::now()))
+        self.remove_fx(parent, name, true, live, &Effects::NONE)
+    }
+
+    /// unlink (`dir` false) or rmdir, with whiteout changes in the same transaction.
+    pub fn remove_fx(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        dir: bool,
+        live: &dyn Liveness,
+        fx: &Effects<'_>,
+    ) -> Result<(), Errno> {
+        let out = self.write_tx(|c| {
+            let now = inode::now();
+            let victim = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
+            namespace::remove(c, parent, name, dir, live, now)?;
+            overlay::apply_effects(c, fx, now)?;
+            Ok((victim, gone(c, victim)?))
+        });
+        self.caches.entry_changed(parent, name);
+        let (victim, dead) = out?;
+        self.forget_inodes(&[victim]);
+        self.discard_dead(dead);
+        Ok(())
     }
 
     /// rename/RENAME2 with the POSIX rules: same inode is a no-op; ENOTEMPTY, ENOTDIR, EISDIR
@@ -683,40 +922,58 @@ impl Store {
         flags: RenameFlags,
         live: &dyn Liveness,
     ) -> Result<(), Errno> {
-        let dead = self.write_tx(|c| {
+        let none = &Effects::NONE;
+        self.rename_fx(parent, name, newparent, newname, flags, live, none)
+    }
+
+    /// [`Store::rename`] with whiteout changes in the same transaction.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename_fx(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        flags: RenameFlags,
+        live: &dyn Liveness,
+        fx: &Effects<'_>,
+    ) -> Result<(), Errno> {
+        let out = self.write_tx(|c| {
+            let now = inode::now();
+            let moved = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
             let victim = inode::dentry(c, newparent, newname)
                 .ok()
                 .flatten()
                 .map(|d| d.1);
-            namespace::rename(
-                c,
-                parent,
-                name,
-                newparent,
-                newname,
-                flags,
-                live,
-                inode::now(),
-            )?;
-            gone(c, victim)
-        })?;
+            namespace::rename(c, parent, name, newparent, newname, flags, live, now)?;
+            overlay::apply_effects(c, fx, now)?;
+            Ok((moved, victim, gone(c, victim)?))
+        });
+        self.caches.entry_changed(parent, name);
+        self.caches.entry_changed(newparent, newname);
+        // A moved directory's ".." changed; both inodes' ctime (and the victim's nlink).
+        let (moved, victim, dead) = out?;
+        self.forget_inodes(&[moved, victim]);
         self.discard_dead(dead);
         Ok(())
     }
 
     /// Delete an orphan's rows if its nlink is 0 (no-op otherwise); call after the last FORGET.
     pub fn reap(&self, ino: Ino) -> Result<(), Errno> {
-        let dead = self.write_tx(|c| {
+        let out = self.write_tx(|c| {
             namespace::reap(c, ino)?;
             gone(c, Some(ino))
-        })?;
-        self.discard_dead(dead);
+        });
+        self.forget_inodes(&[Some(ino)]);
+        self.discard_dead(out?);
         Ok(())
     }
 
     /// Delete every inode with nlink 0 (never the root); for mount start. Returns the count.
     pub fn reap_orphans(&self) -> Result<u64, Errno> {
-        self.write_tx(namespace::reap_orphans)
+        let out = self.write_tx(namespace::reap_orphans);
+        self.invalidate_all();
+        out
     }
 
     /// Up to `size` bytes at `offset`: short at EOF, holes read as zeros; EISDIR on
@@ -775,7 +1032,12 @@ impl Store {
                 b.clear_degraded();
                 Ok(out)
             }
-            None => self.write_tx(|c| data::write(c, cfg, ino, offset, data, self.write_stamp())),
+            None => {
+                let out =
+                    self.write_tx(|c| data::write(c, cfg, ino, offset, data, self.write_stamp()));
+                self.caches.inode_changed(ino);
+                out
+            }
         }
     }
 
@@ -882,6 +1144,11 @@ impl Store {
         offset: u64,
         max_entries: usize,
     ) -> Result<Vec<DirEntry>, Errno> {
+        if let Some(l) = self.cached_listing(ino, false)? {
+            if let Listing::Entries(entries) = &*l {
+                return Ok(cache::page(entries, offset, max_entries));
+            }
+        }
         self.read_tx(|c| {
             Ok(dir::list(c, ino, offset, max_entries)?
                 .into_iter()
@@ -898,7 +1165,10 @@ impl Store {
         max_entries: usize,
     ) -> Result<Vec<(DirEntry, Attr)>, Errno> {
         self.with_pending_attrs(
-            || self.read_tx(|c| dir::list_plus(c, &self.config, ino, offset, max_entries)),
+            || match self.cached_page_plus(ino, offset, max_entries)? {
+                Some(page) => Ok(page),
+                None => self.read_tx(|c| dir::list_plus(c, &self.config, ino, offset, max_entries)),
+            },
             |v| v.iter_mut().map(|(_, a)| a).collect(),
         )
     }
@@ -912,7 +1182,9 @@ impl Store {
     /// Set an attribute: XATTR_CREATE → EEXIST, XATTR_REPLACE → ENODATA, names over 255
     /// bytes → ERANGE, values over 64 KiB → E2BIG.
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
-        self.write_tx(|c| xattr::set(c, ino, name, value, flags, inode::now()))
+        let out = self.write_tx(|c| xattr::set(c, ino, name, value, flags, inode::now()));
+        self.caches.inode_changed(ino);
+        out
     }
 
     /// An attribute's value; ENODATA if absent.
@@ -935,7 +1207,9 @@ impl Store {
 
     /// Remove an attribute; ENODATA if absent.
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<(), Errno> {
-        self.write_tx(|c| xattr::remove(c, ino, name, inode::now()))
+        let out = self.write_tx(|c| xattr::remove(c, ino, name, inode::now()));
+        self.caches.inode_changed(ino);
+        out
     }
 
     /// Resolve an absolute path without following symlinks (for `agentfs fs`).

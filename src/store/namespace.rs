@@ -36,7 +36,12 @@ fn live_parent(c: &Connection, parent: Ino) -> Result<super::inode::Meta, Errno>
     Ok(p)
 }
 
-fn insert_dentry(c: &Connection, parent: Ino, name: &[u8], ino: Ino) -> Result<(), Errno> {
+pub(super) fn insert_dentry(
+    c: &Connection,
+    parent: Ino,
+    name: &[u8],
+    ino: Ino,
+) -> Result<(), Errno> {
     c.prepare_cached("INSERT INTO fs_dentry (name, parent_ino, ino) VALUES (?1, ?2, ?3)")?
         .execute((Name(name), sql_ino(parent)?, sql_ino(ino)?))?;
     Ok(())

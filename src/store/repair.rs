@@ -92,7 +92,7 @@ impl Store {
     /// database mounted (orphans are reclaimed).
     pub fn repair(&self) -> Result<Vec<String>, Errno> {
         let cs = i64::try_from(self.config.chunk_size).unwrap_or(i64::MAX);
-        self.write_tx(|c| {
+        let out = self.write_tx(|c| {
             let mut done = Vec::new();
             let has = |t: &str| super::copy::has_table(c, "main", t);
             for (what, table, sql) in DROPS {
@@ -160,7 +160,9 @@ impl Store {
                 ));
             }
             Ok(done)
-        })
+        });
+        self.invalidate_all();
+        out
     }
 }
 

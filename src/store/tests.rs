@@ -135,7 +135,14 @@ pub fn fresh_cfg(
         },
     )
     .unwrap();
-    let store = Store::open_with(&path, false, batching, namespace_batching()).unwrap();
+    let store = Store::open_with(
+        &path,
+        false,
+        batching,
+        namespace_batching(),
+        crate::cache::CacheConfig::from_knobs(crate::knobs::get()),
+    )
+    .unwrap();
     Db { dir, store }
 }
 

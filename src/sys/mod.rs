@@ -1,6 +1,7 @@
 //! Operating-system plumbing: mounting and unmounting FUSE filesystems, the mount table, locks.
 //! With `transport/`, this is the only home of `unsafe`.
 
+pub mod beneath;
 pub mod ids;
 pub mod lock;
 pub mod mount;

@@ -7,3 +7,4 @@
 pub mod devfuse;
 pub mod session;
 pub mod uring;
+pub mod watch;

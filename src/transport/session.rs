@@ -7,14 +7,15 @@ use std::sync::Arc;
 
 use crate::abi;
 use crate::dispatch::shards::Shards;
-use crate::dispatch::{Dispatcher, Negotiated};
+use crate::dispatch::{Dispatcher, Filesystem, Negotiated};
 use crate::knobs::Knobs;
+use crate::overlay::Overlay;
 use crate::protocol::{self, Operation};
 use crate::store::Store;
 use crate::sys::{lock, mount, mounts, registry, signals};
 
 use super::devfuse::{self, Channel, Received};
-use super::uring;
+use super::{uring, watch};
 
 /// Everything a session needs to start.
 pub struct SessionConfig {
@@ -69,7 +70,17 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
         mount::mount_fusermount(&mnt, &cfg.options)?
     };
     let chan = Arc::new(Channel::new(fd));
-    let dispatcher = Arc::new(Dispatcher::new(store.clone(), knobs));
+    let fs: Arc<dyn Filesystem> = match store.overlay_config() {
+        Ok(None) => store.clone(),
+        Ok(Some(ov)) => {
+            let cap = knobs.fuse_ino_files_cap as usize;
+            let o = Overlay::open(store.clone(), &ov, cap).map_err(SessionError::Other)?;
+            tracing::info!("overlay mode: base {}", ov.base_path.display());
+            Arc::new(o)
+        }
+        Err(e) => return Err(SessionError::Other(e)),
+    };
+    let dispatcher = Arc::new(Dispatcher::new(fs, knobs));
 
     let Handshake { negotiated, queues } = match handshake(&chan, &dispatcher, knobs) {
         Ok(h) => h,
@@ -106,6 +117,13 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
         ring: ring_stats.clone(),
     };
     let record = reporter.write();
+    let watcher = watch::Watcher::start(
+        store.clone(),
+        dispatcher.clone(),
+        chan.clone(),
+        std::time::Duration::from_millis(knobs.external_poll_ms),
+        negotiated,
+    );
     ready.ready(&mnt);
 
     let buf_size = negotiated.max_write as usize + 64 * 1024;
@@ -148,6 +166,9 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
     }
     // Transport threads are gone; let the workers finish what they hold.
     shards.stop();
+    if let Some(w) = watcher {
+        w.stop();
+    }
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     if let Some(t) = reporter_thread {
         let _ = t.join();

@@ -1,6 +1,8 @@
 //! Shared helpers for tests that mount AgentFS for real.
 #![allow(dead_code)]
 
+use std::fs;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -232,4 +234,32 @@ pub fn assert_consistent(db: &Path) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The kernel's switch for FUSE-over-io_uring. It is global, so tests that set it hold a lock
+/// file meanwhile (see [`UringParam`]).
+pub const URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Holds the lock and the parameter's old value; restores it when dropped.
+pub struct UringParam {
+    old: String,
+    _lock: fs::File,
+}
+
+impl UringParam {
+    /// Take the lock and set enable_uring to `value` ("Y"/"N"); None when it is not writable.
+    pub fn set(value: &str) -> Option<Self> {
+        let lock = fs::File::create(std::env::temp_dir().join("agentfs-enable-uring.lock")).ok()?;
+        // SAFETY: flock on an fd owned by `lock`.
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+        let old = fs::read_to_string(URING_PARAM).ok()?.trim().to_string();
+        fs::write(URING_PARAM, value).ok()?;
+        Some(UringParam { old, _lock: lock })
+    }
+}
+
+impl Drop for UringParam {
+    fn drop(&mut self) {
+        let _ = fs::write(URING_PARAM, &self.old);
+    }
 }

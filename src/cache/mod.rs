@@ -1,0 +1,302 @@
+//! Server-side caches keyed by inode, shared by every worker: attributes as stored (before the
+//! store merges pending writes into them), name lookups (positive and negative) and whole
+//! directory listings.
+//!
+//! They are acceleration structures only: every value is a copy of database rows, dropped by
+//! the store's mutation methods after their transaction and before they return, and all of
+//! them at once by [`Caches::clear`] (another process committed, or a transaction the store
+//! cannot account for was rolled back). How a reader that raced a mutation is kept from
+//! inserting what it read before the commit is explained at [`lru::Lru`].
+
+mod lru;
+
+use std::sync::Arc;
+
+use crate::knobs::Knobs;
+use crate::store::{Attr, DirEntry, Ino};
+
+pub use lru::Ticket;
+
+/// Capacities; 0 turns a cache off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Inodes whose attributes are kept.
+    pub attr: usize,
+    /// (directory, name) lookups kept.
+    pub lookup: usize,
+    /// Directory entries kept, over all cached listings.
+    pub readdir: usize,
+}
+
+impl CacheConfig {
+    /// No caching at all.
+    pub const OFF: CacheConfig = CacheConfig {
+        attr: 0,
+        lookup: 0,
+        readdir: 0,
+    };
+
+    /// The knobs' capacities, or [`CacheConfig::OFF`] under the kill switch `AGENTFS_CACHE=0`.
+    pub fn from_knobs(k: &Knobs) -> CacheConfig {
+        if !k.cache {
+            return Self::OFF;
+        }
+        let cap = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        CacheConfig {
+            attr: cap(k.cache_attr_cap),
+            lookup: cap(k.cache_lookup_cap),
+            readdir: cap(k.cache_readdir_cap),
+        }
+    }
+}
+
+/// A directory's whole listing in cookie order ("." and ".." first), or the note that it has
+/// more entries than the cache may hold (so the store pages through the database instead).
+#[derive(Debug)]
+pub enum Listing {
+    Entries(Vec<DirEntry>),
+    TooBig,
+}
+
+/// Locks per map for attributes and lookups (listings use one, so one big directory can use
+/// the whole capacity).
+const SHARDS: usize = 16;
+
+/// The generations of every map, taken together before a database read.
+#[derive(Clone, Copy, Debug)]
+pub struct Tickets {
+    attr: Option<Ticket>,
+    lookup: Option<Ticket>,
+    dirs: Option<Ticket>,
+}
+
+/// A name the caches held, with the inode it resolved to (None: known absent).
+pub type CachedName = (Ino, Vec<u8>, Option<Ino>);
+
+/// The three caches.
+pub struct Caches {
+    attr: Option<lru::Lru<Ino, Attr>>,
+    /// Key: the parent's number (8 bytes, little endian) followed by the name.
+    lookup: Option<lru::Lru<Vec<u8>, Option<Ino>>>,
+    dirs: Option<lru::Lru<Ino, Arc<Listing>>>,
+    readdir_cap: usize,
+}
+
+fn name_key(parent: Ino, name: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + name.len());
+    k.extend_from_slice(&parent.0.to_le_bytes());
+    k.extend_from_slice(name);
+    k
+}
+
+fn split_key(k: &[u8]) -> Option<(Ino, Vec<u8>)> {
+    let (p, name) = k.split_at_checked(8)?;
+    let p = u64::from_le_bytes(p.try_into().ok()?);
+    Some((Ino(p), name.to_vec()))
+}
+
+impl Caches {
+    pub fn new(cfg: CacheConfig) -> Caches {
+        Caches {
+            attr: lru::Lru::new(cfg.attr, SHARDS),
+            lookup: lru::Lru::new(cfg.lookup, SHARDS),
+            dirs: lru::Lru::new(cfg.readdir, 1),
+            readdir_cap: cfg.readdir,
+        }
+    }
+
+    /// Take before reading the database; pass to the `put_*` calls afterwards.
+    pub fn ticket(&self) -> Tickets {
+        Tickets {
+            attr: self.attr.as_ref().map(|m| m.ticket()),
+            lookup: self.lookup.as_ref().map(|m| m.ticket()),
+            dirs: self.dirs.as_ref().map(|m| m.ticket()),
+        }
+    }
+
+    // ---- reads ----
+
+    pub fn attr(&self, ino: Ino) -> Option<Attr> {
+        self.attr.as_ref()?.get(&ino)
+    }
+
+    pub fn put_attr(&self, t: &Tickets, a: Attr) {
+        if let (Some(m), Some(t)) = (&self.attr, t.attr) {
+            m.insert(t, a.ino, a, 1);
+        }
+    }
+
+    /// Some(Some(child)), Some(None) for a name known to be absent, None when not cached.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Option<Option<Ino>> {
+        self.lookup.as_ref()?.get(name_key(parent, name).as_slice())
+    }
+
+    pub fn put_lookup(&self, t: &Tickets, parent: Ino, name: &[u8], child: Option<Ino>) {
+        if let (Some(m), Some(t)) = (&self.lookup, t.lookup) {
+            m.insert(t, name_key(parent, name), child, 1);
+        }
+    }
+
+    /// Most entries a cached listing may have; None when listings are not cached.
+    pub fn listing_limit(&self) -> Option<usize> {
+        self.dirs.as_ref().map(|_| self.readdir_cap)
+    }
+
+    pub fn listing(&self, dir: Ino) -> Option<Arc<Listing>> {
+        self.dirs.as_ref()?.get(&dir)
+    }
+
+    pub fn put_listing(&self, t: &Tickets, dir: Ino, l: Arc<Listing>) {
+        if let (Some(m), Some(t)) = (&self.dirs, t.dirs) {
+            let weight = match &*l {
+                Listing::Entries(e) => e.len().max(1),
+                Listing::TooBig => 1,
+            };
+            m.insert(t, dir, l, weight);
+        }
+    }
+
+    // ---- invalidation: call after the change committed, before the operation returns ----
+
+    /// `ino`'s stored attributes changed (size, times, mode, owner, link count, blocks).
+    pub fn inode_changed(&self, ino: Ino) {
+        if let Some(m) = &self.attr {
+            m.remove(&ino);
+        }
+    }
+
+    /// The name `name` in `parent` appeared, vanished or now names another inode; the
+    /// directory's listing and attributes (times, link count) changed with it.
+    pub fn entry_changed(&self, parent: Ino, name: &[u8]) {
+        if let Some(m) = &self.lookup {
+            m.remove(name_key(parent, name).as_slice());
+        }
+        self.dir_changed(parent);
+        self.inode_changed(parent);
+    }
+
+    /// `dir`'s listing changed without a name inside it changing (its ".." moved), or the
+    /// directory is gone.
+    pub fn dir_changed(&self, dir: Ino) {
+        if let Some(m) = &self.dirs {
+            m.remove(&dir);
+        }
+    }
+
+    /// Drop everything (another process changed the database, or a rollback undid changes
+    /// the caches may have seen).
+    pub fn clear(&self) {
+        if let Some(m) = &self.attr {
+            m.clear();
+        }
+        if let Some(m) = &self.lookup {
+            m.clear();
+        }
+        if let Some(m) = &self.dirs {
+            m.clear();
+        }
+    }
+
+    /// Every name the lookup and listing caches hold ("." and ".." excepted), with what it
+    /// resolved to; used to tell the kernel which names another process changed.
+    pub fn cached_names(&self) -> Vec<CachedName> {
+        let mut out = Vec::new();
+        if let Some(m) = &self.lookup {
+            for (k, child) in m.entries() {
+                if let Some((p, name)) = split_key(&k) {
+                    out.push((p, name, child));
+                }
+            }
+        }
+        if let Some(m) = &self.dirs {
+            for (dir, l) in m.entries() {
+                if let Listing::Entries(es) = &*l {
+                    for e in es.iter().filter(|e| e.name != b"." && e.name != b"..") {
+                        out.push((dir, e.name.clone(), Some(e.ino)));
+                    }
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+}
+
+/// The entries of `l` after cookie `offset`, at most `max`.
+pub fn page(entries: &[DirEntry], offset: u64, max: usize) -> Vec<DirEntry> {
+    let start = entries.partition_point(|e| e.offset <= offset);
+    entries[start..].iter().take(max).cloned().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(ino: u64, size: u64) -> Attr {
+        Attr {
+            ino: Ino(ino),
+            mode: libc::S_IFREG | 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size,
+            blocks: 0,
+            atime: Default::default(),
+            mtime: Default::default(),
+            ctime: Default::default(),
+            rdev: 0,
+        }
+    }
+
+    #[test]
+    fn entry_change_drops_name_listing_and_parent_attrs() {
+        let c = Caches::new(CacheConfig {
+            attr: 8,
+            lookup: 8,
+            readdir: 8,
+        });
+        let t = c.ticket();
+        c.put_attr(&t, attr(1, 0));
+        c.put_lookup(&t, Ino(1), b"a", Some(Ino(2)));
+        c.put_lookup(&t, Ino(1), b"b", None);
+        c.put_listing(&t, Ino(1), Arc::new(Listing::Entries(Vec::new())));
+        assert_eq!(c.lookup(Ino(1), b"a"), Some(Some(Ino(2))));
+        assert_eq!(c.lookup(Ino(1), b"b"), Some(None));
+        c.entry_changed(Ino(1), b"a");
+        assert_eq!(c.lookup(Ino(1), b"a"), None);
+        assert_eq!(c.lookup(Ino(1), b"b"), Some(None));
+        assert!(c.listing(Ino(1)).is_none());
+        assert!(c.attr(Ino(1)).is_none());
+        assert_eq!(
+            c.cached_names(),
+            vec![(Ino(1), b"b".to_vec(), None)],
+            "names are reported with what they resolved to"
+        );
+    }
+
+    #[test]
+    fn off_caches_nothing() {
+        let c = Caches::new(CacheConfig::OFF);
+        let t = c.ticket();
+        c.put_attr(&t, attr(3, 1));
+        assert!(c.attr(Ino(3)).is_none());
+        assert!(c.listing_limit().is_none());
+    }
+
+    #[test]
+    fn page_resumes_after_cookie() {
+        let es: Vec<DirEntry> = (1..=5)
+            .map(|i| DirEntry {
+                ino: Ino(i),
+                name: vec![b'a' + i as u8],
+                kind: libc::S_IFREG,
+                offset: i * 10,
+            })
+            .collect();
+        let p = page(&es, 20, 2);
+        assert_eq!(p.iter().map(|e| e.offset).collect::<Vec<_>>(), vec![30, 40]);
+        assert!(page(&es, 50, 8).is_empty());
+        assert_eq!(page(&es, 0, 8).len(), 5);
+    }
+}

@@ -1,0 +1,74 @@
+//! `agentfs diff DB [--name-only | --patch | --json]`
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use crate::delta::{Overlay, Side};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The overlay delta database (made with `agentfs init --base`); safe while mounted.
+    pub db: PathBuf,
+    /// Print only the changed paths, one per line.
+    #[arg(long, conflicts_with_all = ["patch", "json"])]
+    pub name_only: bool,
+    /// Print a patch that `git apply` accepts in (a copy of) the base directory.
+    #[arg(long, conflicts_with = "json")]
+    pub patch: bool,
+    /// Print a JSON array of {path, change, kind, old_hash, new_hash, old_mode, new_mode}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn mode_str(s: Option<&Side>) -> serde_json::Value {
+    s.map_or(serde_json::Value::Null, |s| {
+        json!(format!("{:06o}", s.mode))
+    })
+}
+
+pub fn run(a: Args) -> super::CliResult {
+    let overlay = Overlay::open(&a.db)?;
+    let changes = overlay.changes()?;
+    let mut out = Vec::new();
+    if a.patch {
+        out = overlay.patch(&changes)?;
+    } else if a.json {
+        let list: Vec<_> = changes
+            .iter()
+            .map(|e| {
+                json!({
+                    "path": String::from_utf8_lossy(&e.path),
+                    "change": e.change.name(),
+                    "kind": e.kind().name(),
+                    "old_hash": e.old.as_ref().map(|s| s.hash.clone()),
+                    "new_hash": e.new.as_ref().map(|s| s.hash.clone()),
+                    "old_mode": mode_str(e.old.as_ref()),
+                    "new_mode": mode_str(e.new.as_ref()),
+                })
+            })
+            .collect();
+        out = serde_json::to_vec_pretty(&list).map_err(|e| e.to_string())?;
+        out.push(b'\n');
+    } else {
+        let mut last: Option<&[u8]> = None;
+        for e in &changes {
+            if a.name_only {
+                if last != Some(e.path.as_slice()) {
+                    out.extend_from_slice(&e.path);
+                    out.push(b'\n');
+                }
+                last = Some(&e.path);
+            } else {
+                out.extend_from_slice(format!("{} ", e.change.letter()).as_bytes());
+                out.extend_from_slice(&e.path);
+                out.push(b'\n');
+            }
+        }
+    }
+    std::io::stdout()
+        .write_all(&out)
+        .map_err(|e| format!("stdout: {e}"))?;
+    Ok(0)
+}

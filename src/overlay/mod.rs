@@ -1,0 +1,1046 @@
+//! Overlay mode: a read-only base directory under a copy-on-write delta kept in the store.
+//!
+//! The merged view (SPEC.md "Overlay"): a name is looked up in the delta first, then in the
+//! whiteouts, then in the base. A delta directory merges with the base directory at its path
+//! only if it is the root or a copy of that base directory (it has an fs_origin row); a
+//! directory made in the overlay is opaque, which is how a base directory removed and made
+//! again hides its old children. Merged directories keep their path for their whole life
+//! (renaming one is EXDEV), so their path is cached by inode.
+//!
+//! Copy-up happens on the first change of a base object's data or metadata, never on a read:
+//! its ancestors first, then the object, each in one transaction that also records fs_origin
+//! (st_ino stays the base's). A regular file is copied whole, streamed chunk by chunk, or — in
+//! partial-origin mode — not at all: only the chunks it writes move into the delta
+//! ([`partial`]). The base is never written and is only reached beneath its root
+//! (`crate::sys::beneath`).
+//!
+//! Locking: `change` serialises every overlay namespace change and copy-up (they are
+//! serialised on the store's writer anyway); WRITE to a delta file and every read path run
+//! without it. Lock order: `change`, then the store's writer, then the node table.
+
+mod base;
+mod nodes;
+mod partial;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::dispatch::{Entry, Filesystem, LookupRefs};
+use crate::errno::Errno;
+use crate::store::overlay::{join, parent_path, BaseMeta, Content, OverlayConfig};
+use crate::store::{
+    Attr, Caller, DirEntry, Effects, Ino, Liveness, NewKind, RenameFlags, SetAttr, StatFs, Store,
+    Timespec,
+};
+
+use base::BaseLayer;
+use nodes::{Fingerprint, Nodes, Target};
+
+/// Readdir cookies at and above this number index the base part of a listing.
+const BASE_COOKIE: u64 = 1 << 62;
+/// How often a lookup retries when a copy-up raced it.
+const RETRIES: usize = 16;
+
+/// One page of a merged listing: each entry with its base path when it comes from the base.
+type Page = Vec<(DirEntry, Option<Vec<u8>>)>;
+
+/// Where a name of a directory is in the merged view.
+enum Presence {
+    Delta(Attr),
+    Base(libc::stat),
+    /// Nowhere; `whiteout` if a whiteout hides a base entry of that name.
+    Absent {
+        whiteout: bool,
+    },
+}
+
+pub struct Overlay {
+    store: Arc<Store>,
+    base: BaseLayer,
+    nodes: Nodes,
+    /// fs_origin: delta inode -> base st_ino. Directories in it merge with the base.
+    origins: RwLock<HashMap<Ino, u64>>,
+    /// Paths of merged directories (they never move).
+    paths: Mutex<HashMap<Ino, Vec<u8>>>,
+    /// Serialises namespace changes and copy-ups (see the module docs).
+    change: Mutex<()>,
+    partial: partial::Partials,
+}
+
+/// The kernel's references, seen through the node table: a copied-up inode is referenced
+/// when the virtual node that names it is.
+struct Live<'a> {
+    refs: &'a LookupRefs,
+    nodes: &'a Nodes,
+}
+
+impl Liveness for Live<'_> {
+    fn retain_orphan(&self, ino: Ino) -> bool {
+        self.refs.retain_orphan(self.nodes.for_delta(ino))
+    }
+}
+
+fn is_dir(mode: u32) -> bool {
+    mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+fn last_name(path: &[u8]) -> &[u8] {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(i) => &path[i + 1..],
+        None => path,
+    }
+}
+
+impl Overlay {
+    /// The overlay of `store` over `cfg.base`.
+    pub fn open(
+        store: Arc<Store>,
+        cfg: &OverlayConfig,
+        files_cap: usize,
+    ) -> Result<Overlay, String> {
+        let root = &cfg.base_path;
+        let md = std::fs::metadata(root)
+            .map_err(|e| format!("base directory {}: {e}", root.display()))?;
+        if !md.is_dir() {
+            return Err(format!("base {} is not a directory", root.display()));
+        }
+        let base = BaseLayer::open(root, files_cap)
+            .map_err(|e| format!("base directory {}: {e}", root.display()))?;
+        let origins = store
+            .origins()
+            .map_err(|e| format!("reading fs_origin: {e}"))?;
+        let chunk = store.config().chunk_size;
+        let inline = store.config().inline_threshold;
+        let partial = partial::Partials::new(cfg.clone(), chunk, inline);
+        partial
+            .settle(&store)
+            .map_err(|e| format!("reading fs_partial_origin: {e}"))?;
+        Ok(Overlay {
+            partial,
+            store,
+            base,
+            nodes: Nodes::default(),
+            origins: RwLock::new(origins),
+            paths: Mutex::new(HashMap::new()),
+            change: Mutex::new(()),
+        })
+    }
+
+    fn resolve(&self, node: Ino) -> Result<Target, Errno> {
+        self.nodes.resolve(node).ok_or(Errno(libc::ESTALE))
+    }
+
+    /// Whether delta directory `dir` merges with the base.
+    fn merged(&self, dir: Ino) -> bool {
+        dir == Ino::ROOT || self.origins.read().contains_key(&dir)
+    }
+
+    /// The path of merged directory `dir`.
+    fn path_of(&self, dir: Ino) -> Result<Vec<u8>, Errno> {
+        if let Some(p) = self.paths.lock().get(&dir) {
+            return Ok(p.clone());
+        }
+        let p = self.store.dir_path(dir)?;
+        self.paths.lock().insert(dir, p.clone());
+        Ok(p)
+    }
+
+    /// Attributes as the mount shows them: st_ino of the base for copies, and link count 1
+    /// for merged directories (their subdirectories are not counted), as overlayfs does.
+    fn fix(&self, mut a: Attr) -> Attr {
+        let origin = self.origins.read().get(&a.ino).copied();
+        if let Some(b) = origin {
+            if is_dir(a.mode) {
+                a.nlink = 1;
+            }
+            a.ino = Ino(b);
+        } else if a.ino == Ino::ROOT {
+            a.nlink = 1;
+        }
+        a
+    }
+
+    fn delta_entry(&self, a: Attr) -> Entry {
+        Entry {
+            node: self.nodes.for_delta(a.ino),
+            attr: self.fix(a),
+        }
+    }
+
+    /// The entry for the base object at `path`: None if absent, Err(EAGAIN) if a copy-up
+    /// raced the caller (look again).
+    fn base_entry(&self, path: &[u8], seen: u64) -> Result<Option<Entry>, Errno> {
+        let Some(st) = self.base.lstat(path)? else {
+            return Ok(None);
+        };
+        let fp = (st.st_mode & libc::S_IFMT == libc::S_IFREG).then(|| Fingerprint::of(&st));
+        match self.nodes.for_base(path, fp, seen) {
+            Some(node) => Ok(Some(Entry {
+                node,
+                attr: base::attr_of(&st),
+            })),
+            None => Err(Errno::EAGAIN),
+        }
+    }
+
+    fn lookup_once(&self, parent: Ino, name: &[u8], seen: u64) -> Result<Entry, Errno> {
+        match self.resolve(parent)? {
+            Target::Delta(p) => match self.store.lookup(p, name) {
+                Ok(a) => Ok(self.delta_entry(a)),
+                Err(e) if e == Errno::ENOENT && self.merged(p) => {
+                    let path = join(&self.path_of(p)?, name);
+                    if self.store.is_whiteout(&path)? {
+                        return Err(Errno::ENOENT);
+                    }
+                    self.base_entry(&path, seen)?.ok_or(Errno::ENOENT)
+                }
+                Err(e) => Err(e),
+            },
+            Target::Base { path, .. } => self
+                .base_entry(&join(&path, name), seen)?
+                .ok_or(Errno::ENOENT),
+        }
+    }
+
+    /// Where `name` of delta directory `dir` is in the merged view.
+    fn presence(&self, dir: Ino, name: &[u8]) -> Result<(Presence, Option<Vec<u8>>), Errno> {
+        match self.store.lookup(dir, name) {
+            Ok(a) => {
+                let path = if self.merged(dir) {
+                    Some(join(&self.path_of(dir)?, name))
+                } else {
+                    None
+                };
+                Ok((Presence::Delta(a), path))
+            }
+            Err(e) if e == Errno::ENOENT => {
+                if !self.merged(dir) {
+                    return Ok((Presence::Absent { whiteout: false }, None));
+                }
+                let path = join(&self.path_of(dir)?, name);
+                if self.store.is_whiteout(&path)? {
+                    return Ok((Presence::Absent { whiteout: true }, Some(path)));
+                }
+                let p = match self.base.lstat(&path)? {
+                    Some(st) => Presence::Base(st),
+                    None => Presence::Absent { whiteout: false },
+                };
+                Ok((p, Some(path)))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the base has something at `path` (None: not a merged location).
+    fn base_has(&self, path: Option<&[u8]>) -> Result<bool, Errno> {
+        match path {
+            Some(p) => Ok(self.base.lstat(p)?.is_some()),
+            None => Ok(false),
+        }
+    }
+
+    /// ENOTEMPTY unless every base child of merged directory `path` is hidden (whited out or
+    /// shadowed by a delta entry, which the store's own emptiness check then catches).
+    fn base_children_hidden(&self, dir: Option<Ino>, path: &[u8]) -> Result<(), Errno> {
+        let children = self.base.list(path, true)?;
+        if children.is_empty() {
+            return Ok(());
+        }
+        let hidden = self.store.whiteouts_in(path)?;
+        for c in children.iter() {
+            if hidden.contains(&c.name) {
+                continue;
+            }
+            let shadowed = match dir {
+                Some(d) => self.store.lookup(d, &c.name).is_ok(),
+                None => false,
+            };
+            if !shadowed {
+                return Err(Errno::ENOTEMPTY);
+            }
+        }
+        Ok(())
+    }
+
+    /// The delta inode of `node`, copying it (and its ancestors) up first if it is a base
+    /// object. Takes the change lock when a copy-up is needed.
+    fn ensure_delta(&self, node: Ino) -> Result<Ino, Errno> {
+        match self.resolve(node)? {
+            Target::Delta(x) => Ok(x),
+            Target::Base { .. } => {
+                let _g = self.change.lock();
+                self.ensure_delta_locked(node)
+            }
+        }
+    }
+
+    /// [`Overlay::ensure_delta`] with the change lock held.
+    fn ensure_delta_locked(&self, node: Ino) -> Result<Ino, Errno> {
+        match self.resolve(node)? {
+            Target::Delta(x) => Ok(x),
+            // A base file removed through the mount while still open: there is no name left
+            // to copy it to.
+            Target::Base { unlinked: true, .. } => Err(Errno::EIO),
+            Target::Base { path, fp, .. } => self.copy_up(&path, fp),
+        }
+    }
+
+    /// Copy the base object at `path` (and missing ancestors) into the delta; returns its
+    /// delta inode (the existing one if it is already there). `expect`: the version the kernel
+    /// was shown of a regular file; a different file now is EIO (drift).
+    fn copy_up(&self, path: &[u8], expect: Option<Fingerprint>) -> Result<Ino, Errno> {
+        self.copy_up_as(path, expect, false)
+    }
+
+    /// [`Overlay::copy_up`]; `empty`: a regular file's bytes are not needed (it is about to be
+    /// truncated to zero).
+    fn copy_up_as(
+        &self,
+        path: &[u8],
+        expect: Option<Fingerprint>,
+        empty: bool,
+    ) -> Result<Ino, Errno> {
+        if path == b"/" {
+            return Ok(Ino::ROOT);
+        }
+        let parent = self.copy_up(parent_path(path), None)?;
+        let name = last_name(path);
+        match self.store.lookup(parent, name) {
+            Ok(a) => return Ok(a.ino),
+            Err(e) if e != Errno::ENOENT => return Err(e),
+            Err(_) => {}
+        }
+        let st = self.base.lstat(path)?.ok_or(Errno::ENOENT)?;
+        let kind = st.st_mode & libc::S_IFMT;
+        if kind == libc::S_IFREG && expect.is_some_and(|fp| fp != Fingerprint::of(&st)) {
+            return Err(Errno::EIO);
+        }
+        let ts = |s: i64, n: i64| Timespec {
+            sec: s,
+            nsec: u32::try_from(n).unwrap_or(0),
+        };
+        let meta = BaseMeta {
+            mode: st.st_mode,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            rdev: base::kernel_rdev(st.st_rdev),
+            size: u64::try_from(st.st_size).unwrap_or(0),
+            atime: ts(st.st_atime, st.st_atime_nsec),
+            mtime: ts(st.st_mtime, st.st_mtime_nsec),
+            ctime: ts(st.st_ctime, st.st_ctime_nsec),
+            ino: st.st_ino,
+        };
+        let no_check = || Ok(());
+        let ino = match kind {
+            libc::S_IFDIR => self
+                .store
+                .copy_up(parent, name, &meta, Content::Dir, &no_check)?,
+            libc::S_IFLNK => {
+                let target = self.base.readlink(path)?;
+                self.store
+                    .copy_up(parent, name, &meta, Content::Symlink(&target), &no_check)?
+            }
+            libc::S_IFREG if empty => {
+                let mut nothing = |_: &mut [u8]| Ok(0);
+                self.store
+                    .copy_up(parent, name, &meta, Content::File(&mut nothing), &no_check)?
+            }
+            libc::S_IFREG => match self.partial.origin_for(path, &st) {
+                Some(po) => {
+                    self.store
+                        .copy_up(parent, name, &meta, Content::Partial(&po), &no_check)?
+                }
+                None => {
+                    let file = self.base.open_file(path)?;
+                    let want = Fingerprint::of(&st);
+                    let verify = || {
+                        let now = crate::sys::beneath::fstat(&file)?;
+                        if Fingerprint::of(&now) == want {
+                            Ok(())
+                        } else {
+                            Err(Errno::EIO)
+                        }
+                    };
+                    let mut off = 0u64;
+                    let mut read = |buf: &mut [u8]| -> Result<usize, Errno> {
+                        use std::os::unix::fs::FileExt;
+                        let n = file.read_at(buf, off)?;
+                        off += n as u64;
+                        Ok(n)
+                    };
+                    self.store
+                        .copy_up(parent, name, &meta, Content::File(&mut read), &verify)?
+                }
+            },
+            _ => self
+                .store
+                .copy_up(parent, name, &meta, Content::Special, &no_check)?,
+        };
+        self.origins.write().insert(ino, st.st_ino);
+        if kind == libc::S_IFDIR {
+            self.paths.lock().insert(ino, path.to_vec());
+        }
+        self.nodes.copied_up(path, ino);
+        Ok(ino)
+    }
+
+    /// Create `name` in `parent` (copied up first) unless the merged view has it.
+    fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: NewKind<'_>,
+        caller: Caller,
+    ) -> Result<Entry, Errno> {
+        let _g = self.change.lock();
+        let p = self.ensure_delta_locked(parent)?;
+        let (pres, path) = self.presence(p, name)?;
+        let unwhiteout = match pres {
+            Presence::Delta(_) | Presence::Base(_) => return Err(Errno::EEXIST),
+            Presence::Absent { whiteout } => whiteout,
+        };
+        let fx = Effects {
+            unwhiteout: if unwhiteout { path.as_deref() } else { None },
+            ..Effects::NONE
+        };
+        let a = self.store.create_fx(p, name, kind, caller, &fx)?;
+        Ok(self.delta_entry(a))
+    }
+
+    /// Read or write through a byte range of a regular file `node` that is (or becomes) a
+    /// delta inode: copy_file_range between layers.
+    fn copy_range_slow(
+        &self,
+        node_in: Ino,
+        off_in: u64,
+        node_out: Ino,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u64, Errno> {
+        const STEP: u64 = 1 << 20;
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(STEP) as u32;
+            let buf = self.read(node_in, off_in + done, n)?;
+            if buf.is_empty() {
+                break;
+            }
+            let w = self.write(node_out, off_out + done, &buf)?;
+            done += u64::from(w);
+            if (w as usize) < buf.len() {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Entries of the base part of merged directory `path` (delta inode `dir`) or of base
+    /// directory `path` (`dir` None), from base index `from`, at most `max`.
+    fn base_listing(
+        &self,
+        dir: Option<Ino>,
+        path: &[u8],
+        from: u64,
+        fresh: bool,
+        max: usize,
+    ) -> Result<Vec<(DirEntry, Vec<u8>)>, Errno> {
+        let list = self.base.list(path, fresh)?;
+        let hidden = match dir {
+            Some(_) => self.store.whiteouts_in(path)?,
+            None => Default::default(),
+        };
+        let mut out = Vec::new();
+        let start = usize::try_from(from).unwrap_or(usize::MAX);
+        for (i, e) in list.iter().enumerate().skip(start) {
+            if out.len() >= max {
+                break;
+            }
+            if hidden.contains(&e.name) {
+                continue;
+            }
+            if let Some(d) = dir {
+                if self.store.lookup(d, &e.name).is_ok() {
+                    continue;
+                }
+            }
+            let child = join(path, &e.name);
+            let kind = if e.kind == libc::DT_UNKNOWN {
+                match self.base.lstat(&child)? {
+                    Some(st) => st.st_mode & libc::S_IFMT,
+                    None => continue,
+                }
+            } else {
+                u32::from(e.kind) << 12
+            };
+            out.push((
+                DirEntry {
+                    ino: Ino(e.ino),
+                    name: e.name.clone(),
+                    kind,
+                    offset: BASE_COOKIE + i as u64 + 1,
+                },
+                child,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// One page of the merged listing of `node`.
+    fn list(&self, node: Ino, offset: u64, max: usize) -> Result<Page, Errno> {
+        match self.resolve(node)? {
+            Target::Delta(d) => {
+                let mut out: Page = Vec::new();
+                if offset < BASE_COOKIE {
+                    for mut e in self.store.readdir(d, offset, max)? {
+                        if let Some(b) = self.origins.read().get(&e.ino) {
+                            e.ino = Ino(*b);
+                        }
+                        out.push((e, None));
+                    }
+                }
+                if out.len() < max && self.merged(d) {
+                    let from = offset.saturating_sub(BASE_COOKIE);
+                    let path = self.path_of(d)?;
+                    for (e, p) in
+                        self.base_listing(Some(d), &path, from, offset == 0, max - out.len())?
+                    {
+                        out.push((e, Some(p)));
+                    }
+                }
+                Ok(out)
+            }
+            Target::Base { path, .. } => {
+                let st = self.base.lstat(&path)?.ok_or(Errno::ENOENT)?;
+                let mut out = Vec::new();
+                let dot = |name: &[u8], off| DirEntry {
+                    ino: Ino(st.st_ino),
+                    name: name.to_vec(),
+                    kind: libc::S_IFDIR,
+                    offset: off,
+                };
+                if offset < 1 {
+                    out.push((dot(b".", 1), Some(path.clone())));
+                }
+                if offset < 2 && out.len() < max {
+                    out.push((dot(b"..", 2), Some(parent_path(&path).to_vec())));
+                }
+                let from = offset.saturating_sub(BASE_COOKIE);
+                let room = max - out.len();
+                for (e, p) in self.base_listing(None, &path, from, offset == 0, room)? {
+                    out.push((e, Some(p)));
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+impl Filesystem for Overlay {
+    fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Entry, Errno> {
+        for _ in 0..RETRIES {
+            let seen = self.nodes.generation();
+            match self.lookup_once(parent, name, seen) {
+                Err(e) if e == Errno::EAGAIN => continue,
+                r => return r,
+            }
+        }
+        Err(Errno::EAGAIN)
+    }
+
+    fn peek(&self, parent: Ino, name: &[u8]) -> Option<Entry> {
+        match self.nodes.resolve(parent)? {
+            Target::Delta(p) => self.store.lookup(p, name).ok().map(|a| self.delta_entry(a)),
+            Target::Base { .. } => None,
+        }
+    }
+
+    fn getattr(&self, node: Ino) -> Result<Attr, Errno> {
+        match self.resolve(node)? {
+            Target::Delta(x) => Ok(self.fix(self.store.getattr(x)?)),
+            Target::Base { path, unlinked, .. } => {
+                let st = self.base.lstat(&path)?.ok_or(Errno::ENOENT)?;
+                let mut a = base::attr_of(&st);
+                if unlinked {
+                    a.nlink = 0;
+                }
+                Ok(a)
+            }
+        }
+    }
+
+    fn setattr(&self, node: Ino, set: &SetAttr) -> Result<Attr, Errno> {
+        // Truncating a base file to zero (O_TRUNC) copies none of its bytes.
+        let x = match (self.resolve(node)?, set.size) {
+            (
+                Target::Base {
+                    path,
+                    fp,
+                    unlinked: false,
+                },
+                Some(0),
+            ) => {
+                let _g = self.change.lock();
+                match self.resolve(node)? {
+                    Target::Delta(x) => x,
+                    _ => self.copy_up_as(&path, fp, true)?,
+                }
+            }
+            _ => self.ensure_delta(node)?,
+        };
+        if let Some(size) = set.size {
+            self.partial.resize(&self.store, &self.base, x, size)?;
+        }
+        Ok(self.fix(self.store.setattr(x, set)?))
+    }
+
+    fn readlink(&self, node: Ino) -> Result<Vec<u8>, Errno> {
+        match self.resolve(node)? {
+            Target::Delta(x) => self.store.readlink(x),
+            Target::Base { path, .. } => self.base.readlink(&path),
+        }
+    }
+
+    fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> Result<Entry, Errno> {
+        self.create(parent, name, NewKind::Node { mode, rdev }, caller)
+    }
+
+    fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Entry, Errno> {
+        self.create(parent, name, NewKind::Dir { perm: mode }, caller)
+    }
+
+    fn symlink(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+        caller: Caller,
+    ) -> Result<Entry, Errno> {
+        self.create(parent, name, NewKind::Symlink { target }, caller)
+    }
+
+    fn link(&self, node: Ino, newparent: Ino, newname: &[u8]) -> Result<Entry, Errno> {
+        let _g = self.change.lock();
+        if let Target::Base { path, .. } = self.resolve(node)? {
+            if self.base.lstat(&path)?.is_some_and(|st| is_dir(st.st_mode)) {
+                return Err(Errno::EPERM);
+            }
+        }
+        let x = self.ensure_delta_locked(node)?;
+        let np = self.ensure_delta_locked(newparent)?;
+        let (pres, path) = self.presence(np, newname)?;
+        let unwhiteout = match pres {
+            Presence::Delta(_) | Presence::Base(_) => return Err(Errno::EEXIST),
+            Presence::Absent { whiteout } => whiteout,
+        };
+        let fx = Effects {
+            unwhiteout: if unwhiteout { path.as_deref() } else { None },
+            ..Effects::NONE
+        };
+        let a = self.store.link_fx(x, np, newname, &fx)?;
+        Ok(self.delta_entry(a))
+    }
+
+    fn unlink(&self, parent: Ino, name: &[u8], refs: &LookupRefs) -> Result<(), Errno> {
+        let _g = self.change.lock();
+        let p = self.ensure_delta_locked(parent)?;
+        let live = Live {
+            refs,
+            nodes: &self.nodes,
+        };
+        match self.presence(p, name)? {
+            (Presence::Delta(_), path) => {
+                let fx = Effects {
+                    whiteout: if self.base_has(path.as_deref())? {
+                        path.as_deref()
+                    } else {
+                        None
+                    },
+                    ..Effects::NONE
+                };
+                self.store.remove_fx(p, name, false, &live, &fx)
+            }
+            (Presence::Base(st), Some(path)) => {
+                if is_dir(st.st_mode) {
+                    return Err(Errno::EISDIR);
+                }
+                self.store.whiteout(p, &path, false)?;
+                self.nodes.unlinked(&path);
+                Ok(())
+            }
+            _ => Err(Errno::ENOENT),
+        }
+    }
+
+    fn rmdir(&self, parent: Ino, name: &[u8], refs: &LookupRefs) -> Result<(), Errno> {
+        if name == b"." {
+            return Err(Errno::EINVAL);
+        }
+        if name == b".." {
+            return Err(Errno::ENOTEMPTY);
+        }
+        let _g = self.change.lock();
+        let p = self.ensure_delta_locked(parent)?;
+        let live = Live {
+            refs,
+            nodes: &self.nodes,
+        };
+        match self.presence(p, name)? {
+            (Presence::Delta(a), path) => {
+                if !is_dir(a.mode) {
+                    return Err(Errno::ENOTDIR);
+                }
+                if let (true, Some(path)) = (self.merged(a.ino), path.as_deref()) {
+                    self.base_children_hidden(Some(a.ino), path)?;
+                }
+                let has = self.base_has(path.as_deref())?;
+                let fx = Effects {
+                    whiteout: if has { path.as_deref() } else { None },
+                    clear_children: path.as_deref(),
+                    ..Effects::NONE
+                };
+                self.store.remove_fx(p, name, true, &live, &fx)?;
+                self.paths.lock().remove(&a.ino);
+                Ok(())
+            }
+            (Presence::Base(st), Some(path)) => {
+                if !is_dir(st.st_mode) {
+                    return Err(Errno::ENOTDIR);
+                }
+                self.base_children_hidden(None, &path)?;
+                self.store.whiteout(p, &path, true)?;
+                self.nodes.unlinked(&path);
+                Ok(())
+            }
+            _ => Err(Errno::ENOENT),
+        }
+    }
+
+    fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        flags: RenameFlags,
+        refs: &LookupRefs,
+    ) -> Result<(), Errno> {
+        if flags.exchange && flags.noreplace {
+            return Err(Errno::EINVAL);
+        }
+        let _g = self.change.lock();
+        let p = self.ensure_delta_locked(parent)?;
+        let np = self.ensure_delta_locked(newparent)?;
+        let live = Live {
+            refs,
+            nodes: &self.nodes,
+        };
+        let (src, src_path) = self.presence(p, name)?;
+        // A directory that has a base part cannot move: its children would have to move too.
+        let src_ino = match src {
+            Presence::Absent { .. } => return Err(Errno::ENOENT),
+            Presence::Base(st) if is_dir(st.st_mode) => return Err(Errno::EXDEV),
+            Presence::Delta(a) if is_dir(a.mode) && self.merged(a.ino) => return Err(Errno::EXDEV),
+            Presence::Delta(a) => a.ino,
+            Presence::Base(_) => {
+                let path = src_path.as_deref().ok_or(Errno::EIO)?;
+                self.copy_up(path, None)?
+            }
+        };
+        let src_attr = self.store.getattr(src_ino)?;
+        let (dst, dst_path) = self.presence(np, newname)?;
+        let mut fx = Effects::NONE;
+        let mut replaced_base = false;
+        match dst {
+            Presence::Delta(a) if a.ino == src_ino => return Ok(()),
+            Presence::Delta(a) => {
+                if is_dir(a.mode) && self.merged(a.ino) {
+                    if flags.exchange {
+                        return Err(Errno::EXDEV);
+                    }
+                    if is_dir(src_attr.mode) {
+                        if let Some(path) = dst_path.as_deref() {
+                            self.base_children_hidden(Some(a.ino), path)?;
+                        }
+                    }
+                    fx.clear_children = dst_path.as_deref();
+                }
+            }
+            Presence::Base(st) => {
+                if flags.noreplace {
+                    return Err(Errno::EEXIST);
+                }
+                if flags.exchange {
+                    if is_dir(st.st_mode) {
+                        return Err(Errno::EXDEV);
+                    }
+                    let path = dst_path.as_deref().ok_or(Errno::EIO)?;
+                    self.copy_up(path, None)?;
+                } else {
+                    match (is_dir(src_attr.mode), is_dir(st.st_mode)) {
+                        (true, false) => return Err(Errno::ENOTDIR),
+                        (false, true) => return Err(Errno::EISDIR),
+                        (true, true) => {
+                            let path = dst_path.as_deref().ok_or(Errno::EIO)?;
+                            self.base_children_hidden(None, path)?;
+                        }
+                        (false, false) => {}
+                    }
+                    replaced_base = true;
+                }
+            }
+            Presence::Absent { whiteout } => {
+                if flags.exchange {
+                    return Err(Errno::ENOENT);
+                }
+                if whiteout {
+                    fx.unwhiteout = dst_path.as_deref();
+                }
+            }
+        }
+        if !flags.exchange && self.base_has(src_path.as_deref())? {
+            fx.whiteout = src_path.as_deref();
+        }
+        self.store
+            .rename_fx(p, name, np, newname, flags, &live, &fx)?;
+        if replaced_base {
+            if let Some(path) = dst_path.as_deref() {
+                self.nodes.unlinked(path);
+            }
+        }
+        Ok(())
+    }
+
+    fn forget(&self, node: Ino, n: u64, refs: &LookupRefs) {
+        let f = refs.forget(node, n);
+        let ino = if node.0 & nodes::VIRTUAL != 0 {
+            if !f.last {
+                return;
+            }
+            let target = self.nodes.resolve(node);
+            self.nodes.drop_node(node);
+            self.base.close(node);
+            match target {
+                Some(Target::Delta(x)) => x,
+                _ => return,
+            }
+        } else {
+            node
+        };
+        if f.orphan_released {
+            self.partial.forget(ino);
+            if let Err(e) = self.store.reap(ino) {
+                tracing::error!("reaping orphan inode {} failed: {e}", ino.0);
+            }
+        }
+    }
+
+    fn read(&self, node: Ino, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        match self.resolve(node)? {
+            Target::Delta(x) => match self.partial.get(&self.store, x)? {
+                Some(p) => p.read(&self.store, &self.base, x, offset, size),
+                None => self.store.read(x, offset, size),
+            },
+            Target::Base { path, fp, .. } => match fp {
+                Some(fp) => self.base.read(node, &path, fp, offset, size),
+                None => {
+                    let st = self.base.lstat(&path)?.ok_or(Errno::ENOENT)?;
+                    Err(if is_dir(st.st_mode) {
+                        Errno::EISDIR
+                    } else {
+                        Errno::EINVAL
+                    })
+                }
+            },
+        }
+    }
+
+    fn write(&self, node: Ino, offset: u64, data: &[u8]) -> Result<u32, Errno> {
+        let x = self.ensure_delta(node)?;
+        if let Some(p) = self.partial.get(&self.store, x)? {
+            p.own_range(&self.store, &self.base, x, offset, data.len() as u64)?;
+        }
+        self.store.write(x, offset, data)
+    }
+
+    fn fallocate(&self, node: Ino, offset: u64, length: u64, mode: u32) -> Result<(), Errno> {
+        let x = self.ensure_delta(node)?;
+        if let Some(p) = self.partial.get(&self.store, x)? {
+            p.own_range(&self.store, &self.base, x, offset, length)?;
+        }
+        self.store.fallocate(x, offset, length, mode)
+    }
+
+    fn lseek(&self, node: Ino, offset: u64, whence: u32) -> Result<u64, Errno> {
+        let whole = |size: u64| -> Result<u64, Errno> {
+            if offset >= size {
+                return Err(Errno::ENXIO);
+            }
+            Ok(if whence == libc::SEEK_DATA as u32 {
+                offset
+            } else {
+                size
+            })
+        };
+        match self.resolve(node)? {
+            Target::Delta(x) => match self.partial.get(&self.store, x)? {
+                Some(_) => whole(self.store.getattr(x)?.size),
+                None => self.store.lseek(x, offset, whence),
+            },
+            Target::Base { .. } => whole(self.getattr(node)?.size),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        node_in: Ino,
+        off_in: u64,
+        node_out: Ino,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u64, Errno> {
+        let out = self.ensure_delta(node_out)?;
+        let fast = match self.resolve(node_in)? {
+            Target::Delta(i) => {
+                self.partial.get(&self.store, i)?.is_none()
+                    && self.partial.get(&self.store, out)?.is_none()
+            }
+            Target::Base { .. } => false,
+        };
+        match self.resolve(node_in)? {
+            Target::Delta(i) if fast => self.store.copy_file_range(i, off_in, out, off_out, len),
+            _ => self.copy_range_slow(node_in, off_in, node_out, off_out, len),
+        }
+    }
+
+    fn fsync(&self, node: Ino) -> Result<(), Errno> {
+        match self.resolve(node)? {
+            Target::Delta(x) => self.store.fsync(x),
+            Target::Base { .. } => Ok(()),
+        }
+    }
+
+    fn sync(&self) -> Result<(), Errno> {
+        self.store.sync()
+    }
+
+    fn readdir(&self, node: Ino, offset: u64, max: usize) -> Result<Vec<DirEntry>, Errno> {
+        Ok(self
+            .list(node, offset, max)?
+            .into_iter()
+            .map(|(e, _)| e)
+            .collect())
+    }
+
+    fn readdirplus(
+        &self,
+        node: Ino,
+        offset: u64,
+        max: usize,
+    ) -> Result<Vec<(DirEntry, Entry)>, Errno> {
+        let mut out = Vec::new();
+        let (dir, path, from) = match self.resolve(node)? {
+            Target::Delta(d) => {
+                if offset < BASE_COOKIE {
+                    for (e, a) in self.store.readdirplus(d, offset, max)? {
+                        let mut entry = self.delta_entry(a);
+                        if e.name == b"." || e.name == b".." {
+                            entry.node = Ino(0);
+                        }
+                        out.push((
+                            DirEntry {
+                                ino: entry.attr.ino,
+                                ..e
+                            },
+                            entry,
+                        ));
+                    }
+                }
+                if out.len() >= max || !self.merged(d) {
+                    return Ok(out);
+                }
+                (
+                    Some(d),
+                    self.path_of(d)?,
+                    offset.saturating_sub(BASE_COOKIE),
+                )
+            }
+            Target::Base { path, .. } => {
+                for (e, p) in self.list(node, offset.min(2), 2)? {
+                    if e.offset <= offset || offset >= BASE_COOKIE {
+                        continue;
+                    }
+                    let st = self.base.lstat(p.as_deref().unwrap_or(b"/"))?;
+                    let st = st.ok_or(Errno::ENOENT)?;
+                    let entry = Entry {
+                        node: Ino(0),
+                        attr: base::attr_of(&st),
+                    };
+                    out.push((e, entry));
+                }
+                (None, path, offset.saturating_sub(BASE_COOKIE))
+            }
+        };
+        let room = max.saturating_sub(out.len());
+        for (e, child) in self.base_listing(dir, &path, from, offset == 0, room)? {
+            let mut found = None;
+            for _ in 0..RETRIES {
+                let seen = self.nodes.generation();
+                match self.base_entry(&child, seen) {
+                    Err(err) if err == Errno::EAGAIN => continue,
+                    r => {
+                        found = r?;
+                        break;
+                    }
+                }
+            }
+            // Gone from the base since the listing was read: leave it out.
+            if let Some(entry) = found {
+                out.push((e, entry));
+            }
+        }
+        Ok(out)
+    }
+
+    fn statfs(&self) -> Result<StatFs, Errno> {
+        self.store.statfs()
+    }
+
+    fn setxattr(&self, node: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
+        let x = self.ensure_delta(node)?;
+        self.store.setxattr(x, name, value, flags)
+    }
+
+    fn getxattr(&self, node: Ino, name: &[u8]) -> Result<Vec<u8>, Errno> {
+        match self.resolve(node)? {
+            Target::Delta(x) => self.store.getxattr(x, name),
+            Target::Base { .. } => Err(Errno::ENODATA),
+        }
+    }
+
+    fn listxattr(&self, node: Ino) -> Result<Vec<u8>, Errno> {
+        match self.resolve(node)? {
+            Target::Delta(x) => self.store.listxattr(x),
+            Target::Base { .. } => Ok(Vec::new()),
+        }
+    }
+
+    fn removexattr(&self, node: Ino, name: &[u8]) -> Result<(), Errno> {
+        match self.resolve(node)? {
+            Target::Delta(x) => self.store.removexattr(x, name),
+            Target::Base { .. } => Err(Errno::ENODATA),
+        }
+    }
+
+    fn store(&self) -> &Store {
+        &self.store
+    }
+}

@@ -1,0 +1,204 @@
+//! Node ids for base objects.
+//!
+//! A delta inode is its own node id. A base object the kernel looks up gets a virtual node id
+//! (bit 62 set, never a store inode number) that names it until the kernel forgets it. When
+//! the object is copied up, its node id keeps naming it and now resolves to the delta inode;
+//! later lookups of that inode hand out the same node id, so the kernel never sees one inode
+//! under two ids. The table is rebuilt from nothing at each mount: it only maps ids the
+//! kernel holds right now.
+//!
+//! Lock order: the store's writer lock may be held while this table's lock is taken (through
+//! the liveness check of an unlink); never call into the store while holding it.
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+
+use crate::store::Ino;
+
+/// The bit that marks a virtual node id.
+pub const VIRTUAL: u64 = 1 << 62;
+
+/// What identifies one version of a base regular file: if any of these change, the file
+/// changed under the mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fingerprint {
+    pub ino: u64,
+    pub size: i64,
+    pub mtime: (i64, i64),
+    pub ctime: (i64, i64),
+}
+
+impl Fingerprint {
+    pub fn of(st: &libc::stat) -> Fingerprint {
+        Fingerprint {
+            ino: st.st_ino,
+            size: st.st_size,
+            mtime: (st.st_mtime, st.st_mtime_nsec),
+            ctime: (st.st_ctime, st.st_ctime_nsec),
+        }
+    }
+}
+
+/// What a node id stands for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A base object, by absolute path; `fp` is the version the kernel was shown (regular
+    /// files only); `unlinked` once its name was removed through the mount.
+    Base {
+        path: Vec<u8>,
+        fp: Option<Fingerprint>,
+        unlinked: bool,
+    },
+    /// A delta inode.
+    Delta(Ino),
+}
+
+#[derive(Default)]
+struct Table {
+    next: u64,
+    nodes: HashMap<u64, Target>,
+    /// Live base nodes by path (a newer version of a file replaces the entry).
+    by_path: HashMap<Vec<u8>, u64>,
+    /// Copied-up nodes by their delta inode.
+    by_delta: HashMap<Ino, u64>,
+    /// Bumped by every copy-up: a lookup that saw the base before a copy-up must retry.
+    generation: u64,
+}
+
+/// The node table shared by every thread.
+#[derive(Default)]
+pub struct Nodes {
+    table: Mutex<Table>,
+}
+
+impl Nodes {
+    /// What `node` stands for; ESTALE-like None for an id the kernel should not hold.
+    pub fn resolve(&self, node: Ino) -> Option<Target> {
+        if node.0 & VIRTUAL == 0 {
+            return Some(Target::Delta(node));
+        }
+        self.table.lock().nodes.get(&node.0).cloned()
+    }
+
+    /// The node id for delta inode `ino`.
+    pub fn for_delta(&self, ino: Ino) -> Ino {
+        match self.table.lock().by_delta.get(&ino) {
+            Some(n) => Ino(*n),
+            None => ino,
+        }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.table.lock().generation
+    }
+
+    /// The node id for the base object at `path` as of `fp`; None if a copy-up happened since
+    /// generation `seen` (the caller must look again).
+    pub fn for_base(&self, path: &[u8], fp: Option<Fingerprint>, seen: u64) -> Option<Ino> {
+        let mut t = self.table.lock();
+        if t.generation != seen {
+            return None;
+        }
+        if let Some(&n) = t.by_path.get(path) {
+            if let Some(Target::Base { fp: old, .. }) = t.nodes.get(&n) {
+                if *old == fp {
+                    return Some(Ino(n));
+                }
+            }
+        }
+        t.next += 1;
+        let n = VIRTUAL | t.next;
+        t.nodes.insert(
+            n,
+            Target::Base {
+                path: path.to_vec(),
+                fp,
+                unlinked: false,
+            },
+        );
+        t.by_path.insert(path.to_vec(), n);
+        Some(Ino(n))
+    }
+
+    /// The base object at `path` was copied up as `ino`: its node (if any) now names `ino`.
+    pub fn copied_up(&self, path: &[u8], ino: Ino) {
+        let mut t = self.table.lock();
+        t.generation += 1;
+        if let Some(n) = t.by_path.remove(path) {
+            t.nodes.insert(n, Target::Delta(ino));
+            t.by_delta.insert(ino, n);
+        }
+    }
+
+    /// The name `path` was removed (or replaced): its base node, if any, is unlinked and no
+    /// longer found by path.
+    pub fn unlinked(&self, path: &[u8]) {
+        let mut t = self.table.lock();
+        t.generation += 1;
+        if let Some(n) = t.by_path.remove(path) {
+            if let Some(Target::Base { unlinked, .. }) = t.nodes.get_mut(&n) {
+                *unlinked = true;
+            }
+        }
+    }
+
+    /// The kernel dropped its last reference to `node`.
+    pub fn drop_node(&self, node: Ino) {
+        if node.0 & VIRTUAL == 0 {
+            return;
+        }
+        let mut t = self.table.lock();
+        match t.nodes.remove(&node.0) {
+            Some(Target::Base { path, .. }) if t.by_path.get(&path) == Some(&node.0) => {
+                t.by_path.remove(&path);
+            }
+            Some(Target::Delta(ino)) if t.by_delta.get(&ino) == Some(&node.0) => {
+                t.by_delta.remove(&ino);
+            }
+            _ => {}
+        }
+    }
+
+    /// Virtual nodes alive.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.table.lock().nodes.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_keeps_its_id_across_copy_up() {
+        let n = Nodes::default();
+        let g = n.generation();
+        let v = n.for_base(b"/a", None, g).unwrap();
+        assert_eq!(n.for_base(b"/a", None, g), Some(v));
+        n.copied_up(b"/a", Ino(9));
+        assert_eq!(n.resolve(v), Some(Target::Delta(Ino(9))));
+        assert_eq!(n.for_delta(Ino(9)), v);
+        assert_eq!(n.for_base(b"/a", None, g), None, "stale generation");
+        n.drop_node(v);
+        assert_eq!(n.for_delta(Ino(9)), Ino(9));
+        assert_eq!(n.len(), 0);
+    }
+
+    #[test]
+    fn a_changed_file_gets_a_new_id() {
+        let n = Nodes::default();
+        let g = n.generation();
+        let fp = |size| Fingerprint {
+            ino: 1,
+            size,
+            mtime: (0, 0),
+            ctime: (0, 0),
+        };
+        let v1 = n.for_base(b"/f", Some(fp(1)), g).unwrap();
+        let v2 = n.for_base(b"/f", Some(fp(2)), g).unwrap();
+        assert_ne!(v1, v2);
+        assert!(matches!(n.resolve(v1), Some(Target::Base { .. })));
+    }
+}

@@ -1,0 +1,716 @@
+//! The overlay tables: which base directory a delta database belongs to (`fs_overlay_config`)
+//! and the rows that tie the delta tree to it (`fs_origin`, `fs_whiteout`,
+//! `fs_partial_origin`, `fs_chunk_override`). SPEC.md, "Overlay delta", describes the model.
+//!
+//! Grouped by user: the configuration API (written by `agentfs init --base`, read by the
+//! mount and the CLI), the row-level reads of `agentfs diff`/`agentfs apply`, then the changes
+//! an overlay mount makes (copy-up, whiteouts that commit with a namespace change, partial-
+//! origin chunk takeover), each one write transaction.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, OptionalExtension};
+
+use super::backup::PartialOrigin;
+use super::copy::has_table;
+use super::inode::{self, bytes_of, meta_from_row, sql_ino, Meta, Name, META_COLS};
+use super::{data, namespace, FsConfig, Ino, Store, Timespec};
+use crate::errno::Errno;
+
+// ---------------------------------------------------------------------------------------------
+// Configuration (fs_overlay_config)
+// ---------------------------------------------------------------------------------------------
+
+/// When a copy-up keeps reading unchanged chunks from the base file instead of copying it whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PartialOriginPolicy {
+    /// Always copy the whole file.
+    #[default]
+    Off,
+    /// Always record a partial origin.
+    On,
+    /// Partial origin for base files of at least the threshold size.
+    Auto,
+}
+
+impl PartialOriginPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::On => "on",
+            Self::Auto => "auto",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "off" => Some(Self::Off),
+            "on" => Some(Self::On),
+            "auto" => Some(Self::Auto),
+            _ => None,
+        }
+    }
+}
+
+/// Default `partial_origin_threshold_bytes`: 8 MiB.
+pub const DEFAULT_PARTIAL_ORIGIN_THRESHOLD: u64 = 8 << 20;
+
+/// The overlay configuration of a delta database.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverlayConfig {
+    /// Canonical absolute path of the read-only base directory.
+    pub base_path: PathBuf,
+    pub partial_origin: PartialOriginPolicy,
+    pub partial_origin_threshold_bytes: u64,
+}
+
+impl OverlayConfig {
+    /// A configuration with the default policy (partial origin off, 8 MiB threshold).
+    pub fn new(base_path: PathBuf) -> Self {
+        Self {
+            base_path,
+            partial_origin: PartialOriginPolicy::Off,
+            partial_origin_threshold_bytes: DEFAULT_PARTIAL_ORIGIN_THRESHOLD,
+        }
+    }
+
+    /// Whether a copy-up of a base file of `size` bytes records a partial origin.
+    pub fn partial_origin_for(&self, size: u64) -> bool {
+        match self.partial_origin {
+            PartialOriginPolicy::Off => false,
+            PartialOriginPolicy::On => true,
+            PartialOriginPolicy::Auto => size >= self.partial_origin_threshold_bytes,
+        }
+    }
+}
+
+/// The overlay configuration, `Ok(None)` for an ordinary (non-overlay) database. A present
+/// table without `base_path`, or a malformed policy or threshold, is an error naming the key.
+pub fn read_config(c: &Connection) -> Result<Option<OverlayConfig>, String> {
+    let err = |e: rusqlite::Error| format!("fs_overlay_config: {e}");
+    if !has_table(c, "main", "fs_overlay_config").map_err(err)? {
+        return Ok(None);
+    }
+    let get = |key: &str| -> Result<Option<String>, String> {
+        c.query_row(
+            "SELECT value FROM fs_overlay_config WHERE key = ?1",
+            [key],
+            |r| r.get::<_, String>(0),
+        )
+        .optional()
+        .map_err(err)
+    };
+    let Some(base) = get("base_path")? else {
+        return Ok(None);
+    };
+    let base_path = PathBuf::from(base);
+    if !base_path.is_absolute() {
+        return Err(format!(
+            "fs_overlay_config base_path {} is not absolute",
+            base_path.display()
+        ));
+    }
+    let mut cfg = OverlayConfig::new(base_path);
+    if let Some(v) = get("partial_origin")? {
+        cfg.partial_origin = PartialOriginPolicy::parse(v.trim()).ok_or_else(|| {
+            format!("fs_overlay_config partial_origin {v:?} is not off, on or auto")
+        })?;
+    }
+    if let Some(v) = get("partial_origin_threshold_bytes")? {
+        cfg.partial_origin_threshold_bytes = v.trim().parse().map_err(|_| {
+            format!("fs_overlay_config partial_origin_threshold_bytes {v:?} is not a number")
+        })?;
+    }
+    Ok(Some(cfg))
+}
+
+/// Store `cfg` (replacing any earlier configuration) in one transaction.
+pub fn write_config(c: &Connection, cfg: &OverlayConfig) -> rusqlite::Result<()> {
+    let tx = c.unchecked_transaction()?;
+    tx.execute("DELETE FROM fs_overlay_config", [])?;
+    let base = cfg.base_path.to_string_lossy();
+    for (k, v) in [
+        ("base_path", base.as_ref()),
+        ("partial_origin", cfg.partial_origin.as_str()),
+        (
+            "partial_origin_threshold_bytes",
+            &cfg.partial_origin_threshold_bytes.to_string(),
+        ),
+    ] {
+        tx.execute(
+            "INSERT INTO fs_overlay_config (key, value) VALUES (?1, ?2)",
+            (k, v),
+        )?;
+    }
+    tx.commit()
+}
+
+/// Check a base directory for `agentfs init DB --base DIR` and return its canonical path:
+/// DIR must exist and be a directory, and the database must not lie inside it (the server
+/// would then see its own database through the mount).
+pub fn check_base(db: &Path, base: &Path) -> Result<PathBuf, String> {
+    let canon = std::fs::canonicalize(base).map_err(|e| format!("base {}: {e}", base.display()))?;
+    if !canon.is_dir() {
+        return Err(format!("base {} is not a directory", base.display()));
+    }
+    let db_dir = match db.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let db_dir = std::fs::canonicalize(&db_dir)
+        .map_err(|e| format!("{}: directory {}: {e}", db.display(), db_dir.display()))?;
+    if db_dir.starts_with(&canon) {
+        return Err(format!(
+            "{} is inside the base directory {}: the mount would show its own database; \
+             keep the database outside the base",
+            db.display(),
+            canon.display()
+        ));
+    }
+    Ok(canon)
+}
+
+/// Create a new overlay delta database: [`Store::create`] plus `cfg`. Nothing is left behind
+/// on failure.
+pub fn create(db: &Path, opts: &super::InitOptions, cfg: &OverlayConfig) -> Result<(), String> {
+    Store::create(db, opts).map_err(|e| e.to_string())?;
+    let r = super::copy::open_conn(db, false)
+        .and_then(|c| write_config(&c, cfg).map_err(|e| format!("{}: {e}", db.display())));
+    if r.is_err() {
+        super::copy::remove_db_files(db);
+    }
+    r
+}
+
+impl Store {
+    /// One read transaction whose closure reports its own one-line errors.
+    fn overlay_read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let mut out = None;
+        self.read_tx(|c| {
+            out = Some(f(c));
+            Ok(())
+        })
+        .map_err(|e| format!("{}: {e}", self.path().display()))?;
+        out.unwrap_or_else(|| Err(format!("{}: read failed", self.path().display())))
+    }
+
+    /// The overlay configuration (`None` for an ordinary database).
+    pub fn overlay_config(&self) -> Result<Option<OverlayConfig>, String> {
+        self.overlay_read(read_config)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delta rows for diff and apply
+// ---------------------------------------------------------------------------------------------
+
+/// One entry of the delta tree.
+#[derive(Clone, Debug)]
+pub struct DeltaEntry {
+    pub meta: Meta,
+    /// Whether the entry has an fs_origin row (a copy-up of the base object at its path).
+    pub origin: bool,
+    /// Children by name (directories only).
+    pub children: Vec<Vec<u8>>,
+}
+
+/// The whole delta: its tree by absolute path ("/" for the root) and its whiteouts.
+#[derive(Clone, Debug, Default)]
+pub struct Delta {
+    pub entries: HashMap<Vec<u8>, DeltaEntry>,
+    /// Whiteout paths by parent path.
+    pub whiteouts: HashMap<Vec<u8>, Vec<Vec<u8>>>,
+    /// Every whiteout path.
+    pub whiteout_set: HashSet<Vec<u8>>,
+}
+
+/// `parent` joined with `name` ("/" + "a" = "/a").
+pub fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = parent.to_vec();
+    if p.last() != Some(&b'/') {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+/// Read the delta tree from the root and the whiteouts.
+pub fn read_delta(c: &Connection) -> Result<Delta, Errno> {
+    let mut d = Delta::default();
+    let mut children_of = c.prepare(&format!(
+        "SELECT {}, d.name FROM fs_dentry d JOIN fs_inode i ON i.ino = d.ino
+         WHERE d.parent_ino = ?1 ORDER BY d.name",
+        META_COLS
+            .split(", ")
+            .map(|col| format!("i.{}", col.trim()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))?;
+    let origins: HashSet<i64> = {
+        let mut st = c.prepare("SELECT delta_ino FROM fs_origin")?;
+        let it = st.query_map([], |r| r.get(0))?;
+        it.collect::<rusqlite::Result<_>>()?
+    };
+    let root = super::inode::meta(c, Ino::ROOT)?;
+    let mut stack = vec![(b"/".to_vec(), root, true)];
+    while let Some((path, meta, origin)) = stack.pop() {
+        let mut names = Vec::new();
+        if meta.is_dir() {
+            let rows = children_of.query_map([meta.ino.0 as i64], |r| {
+                Ok((bytes_of(r.get_ref(14)?), meta_from_row(r)?))
+            })?;
+            for row in rows {
+                let (name, m) = row?;
+                let o = origins.contains(&(m.ino.0 as i64));
+                stack.push((join(&path, &name), m, o));
+                names.push(name);
+            }
+        }
+        d.entries.insert(
+            path,
+            DeltaEntry {
+                meta,
+                origin,
+                children: names,
+            },
+        );
+    }
+    let mut st = c.prepare("SELECT path, parent_path FROM fs_whiteout")?;
+    let rows = st.query_map([], |r| {
+        Ok((bytes_of(r.get_ref(0)?), bytes_of(r.get_ref(1)?)))
+    })?;
+    for row in rows {
+        let (path, parent) = row?;
+        d.whiteouts.entry(parent).or_default().push(path.clone());
+        d.whiteout_set.insert(path);
+    }
+    Ok(d)
+}
+
+/// The whole content of regular file `ino` of the delta. A partial-origin file (`po`) takes
+/// its unchanged chunks from the base file, after its fingerprint is checked.
+pub fn read_content(
+    c: &Connection,
+    cfg: &FsConfig,
+    ino: Ino,
+    po: Option<&PartialOrigin>,
+) -> Result<Vec<u8>, String> {
+    let what = |e: Errno| format!("inode {}: {e}", ino.0);
+    let size = super::inode::meta(c, ino).map_err(what)?.size;
+    let mut buf = super::data::read(c, cfg, ino, 0, size).map_err(what)?;
+    if let Some(po) = po {
+        let cs = cfg.chunk_size;
+        po.for_each_base_chunk(c, cs, size, |idx, bytes| {
+            let start = (idx * cs) as usize;
+            let end = ((idx + 1) * cs).min(size) as usize;
+            buf[start..end].fill(0);
+            buf[start..start + bytes.len()].copy_from_slice(bytes);
+            Ok(())
+        })?;
+    }
+    Ok(buf)
+}
+
+/// Every partial-origin row by delta inode.
+pub fn partial_origins_by_ino(c: &Connection) -> rusqlite::Result<HashMap<i64, PartialOrigin>> {
+    Ok(super::backup::partial_origins(c)?
+        .into_iter()
+        .map(|po| (po.delta_ino, po))
+        .collect())
+}
+
+/// The target of symlink `ino`.
+pub fn read_symlink(c: &Connection, ino: Ino) -> Result<Vec<u8>, Errno> {
+    super::namespace::readlink(c, ino)
+}
+
+/// Everything `diff` and `apply` read from a delta database, taken in one read transaction.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub config: OverlayConfig,
+    pub delta: Delta,
+    /// Partial-origin rows by delta inode.
+    pub partial: HashMap<i64, PartialOrigin>,
+}
+
+impl Store {
+    /// The delta of an overlay database; an error for an ordinary one.
+    pub fn overlay_snapshot(&self) -> Result<Snapshot, String> {
+        let db = self.path().display().to_string();
+        self.overlay_read(|c| {
+            let config = read_config(c)?.ok_or_else(|| {
+                format!("{db} is not an overlay delta (no base directory; see agentfs init --base)")
+            })?;
+            let delta = read_delta(c).map_err(|e| format!("{db}: reading the delta tree: {e}"))?;
+            let partial = partial_origins_by_ino(c).map_err(|e| format!("{db}: {e}"))?;
+            Ok(Snapshot {
+                config,
+                delta,
+                partial,
+            })
+        })
+    }
+
+    /// The whole content of delta file `ino` (see [`read_content`]).
+    pub fn overlay_file(&self, ino: Ino, po: Option<&PartialOrigin>) -> Result<Vec<u8>, String> {
+        let cfg = self.config();
+        self.overlay_read(|c| read_content(c, &cfg, ino, po))
+    }
+
+    /// The target of delta symlink `ino`.
+    pub fn overlay_symlink(&self, ino: Ino) -> Result<Vec<u8>, String> {
+        self.overlay_read(|c| read_symlink(c, ino).map_err(|e| format!("inode {}: {e}", ino.0)))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Changes made by an overlay mount
+// ---------------------------------------------------------------------------------------------
+
+/// Whiteout changes that must commit atomically with a namespace operation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Effects<'a> {
+    /// Hide the base entry at this absolute path.
+    pub whiteout: Option<&'a [u8]>,
+    /// Forget the whiteout at this path (a new entry is created there).
+    pub unwhiteout: Option<&'a [u8]>,
+    /// Drop the whiteouts of this directory's children (the directory is removed).
+    pub clear_children: Option<&'a [u8]>,
+}
+
+impl Effects<'_> {
+    pub const NONE: Effects<'static> = Effects {
+        whiteout: None,
+        unwhiteout: None,
+        clear_children: None,
+    };
+}
+
+/// The parent path of an absolute path ("/" for top-level names and for "/" itself).
+pub fn parent_path(path: &[u8]) -> &[u8] {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(0) | None => b"/",
+        Some(i) => &path[..i],
+    }
+}
+
+/// Apply `fx` inside the caller's transaction.
+pub fn apply_effects(c: &Connection, fx: &Effects<'_>, now: Timespec) -> Result<(), Errno> {
+    if let Some(dir) = fx.clear_children {
+        c.prepare_cached("DELETE FROM fs_whiteout WHERE parent_path = ?1")?
+            .execute([Name(dir)])?;
+    }
+    if let Some(p) = fx.unwhiteout {
+        c.prepare_cached("DELETE FROM fs_whiteout WHERE path = ?1")?
+            .execute([Name(p)])?;
+    }
+    if let Some(p) = fx.whiteout {
+        c.prepare_cached(
+            "INSERT INTO fs_whiteout (path, parent_path, created_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT(path) DO UPDATE SET created_at = excluded.created_at",
+        )?
+        .execute((Name(p), Name(parent_path(p)), now.sec))?;
+    }
+    Ok(())
+}
+
+/// What a copied-up object is made of.
+pub enum Content<'a> {
+    Dir,
+    Symlink(&'a [u8]),
+    /// A device, FIFO or socket: no data.
+    Special,
+    /// A regular file whose bytes are read in order from `read` (which returns 0 at EOF).
+    File(&'a mut dyn FnMut(&mut [u8]) -> Result<usize, Errno>),
+    /// A partial-origin regular file: no bytes, the base file stays the source of unchanged
+    /// chunks (the row's fingerprint guards it).
+    Partial(&'a super::backup::PartialOrigin),
+}
+
+/// A base object's metadata, kept by its copy.
+#[derive(Clone, Copy, Debug)]
+pub struct BaseMeta {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub size: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    /// The base st_ino, recorded in fs_origin.
+    pub ino: u64,
+}
+
+impl Store {
+    /// Whether any file is partial-origin.
+    pub fn has_partial_origins(&self) -> Result<bool, Errno> {
+        self.read_tx(|c| {
+            if !super::copy::has_table(c, "main", "fs_partial_origin")? {
+                return Ok(false);
+            }
+            Ok(c.prepare_cached("SELECT 1 FROM fs_partial_origin LIMIT 1")?
+                .query_row([], |_| Ok(()))
+                .optional()?
+                .is_some())
+        })
+    }
+
+    /// fs_origin: delta inode -> base st_ino, all rows.
+    pub fn origins(&self) -> Result<HashMap<Ino, u64>, Errno> {
+        self.read_tx(|c| {
+            let mut st = c.prepare("SELECT delta_ino, base_ino FROM fs_origin")?;
+            let rows = st.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+            let mut out = HashMap::new();
+            for r in rows {
+                let (d, b) = r?;
+                out.insert(Ino(d as u64), b as u64);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Whether the base entry at `path` is hidden.
+    pub fn is_whiteout(&self, path: &[u8]) -> Result<bool, Errno> {
+        self.read_tx(|c| {
+            Ok(
+                c.prepare_cached("SELECT 1 FROM fs_whiteout WHERE path = ?1")?
+                    .query_row([Name(path)], |_| Ok(()))
+                    .optional()?
+                    .is_some(),
+            )
+        })
+    }
+
+    /// Names of the hidden base entries of directory `dir`.
+    pub fn whiteouts_in(&self, dir: &[u8]) -> Result<HashSet<Vec<u8>>, Errno> {
+        self.read_tx(|c| {
+            let mut st = c.prepare_cached("SELECT path FROM fs_whiteout WHERE parent_path = ?1")?;
+            let rows = st.query_map([Name(dir)], |r| Ok(bytes_of(r.get_ref(0)?)))?;
+            let mut out = HashSet::new();
+            for r in rows {
+                let p = r?;
+                let name = match p.iter().rposition(|&b| b == b'/') {
+                    Some(i) => p[i + 1..].to_vec(),
+                    None => p,
+                };
+                out.insert(name);
+            }
+            Ok(out)
+        })
+    }
+
+    /// The absolute path of directory `ino` ("/" for the root).
+    pub fn dir_path(&self, ino: Ino) -> Result<Vec<u8>, Errno> {
+        self.read_tx(|c| {
+            let mut parts = Vec::new();
+            let mut cur = ino;
+            while cur != Ino::ROOT {
+                let (name, parent): (Vec<u8>, i64) = c
+                    .prepare_cached(
+                        "SELECT name, parent_ino FROM fs_dentry WHERE ino = ?1 LIMIT 1",
+                    )?
+                    .query_row([sql_ino(cur)?], |r| {
+                        Ok((bytes_of(r.get_ref(0)?), r.get(1)?))
+                    })
+                    .optional()?
+                    .ok_or(Errno::ENOENT)?;
+                parts.push(name);
+                cur = Ino(parent as u64);
+                if parts.len() > 4096 {
+                    return Err(Errno(libc::ELOOP));
+                }
+            }
+            let mut out = Vec::new();
+            for p in parts.iter().rev() {
+                out.push(b'/');
+                out.extend_from_slice(p);
+            }
+            if out.is_empty() {
+                out.push(b'/');
+            }
+            Ok(out)
+        })
+    }
+
+    /// Copy a base object into the delta as `name` in `parent` (a delta directory), all in one
+    /// transaction: the inode with the base metadata, its name, its content, the fs_origin row
+    /// and, for a partial-origin file, its fs_partial_origin row. `verify` runs last, before
+    /// the commit: an error there (the base changed while it was read) rolls everything back.
+    pub fn copy_up(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        meta: &BaseMeta,
+        content: Content<'_>,
+        verify: &dyn Fn() -> Result<(), Errno>,
+    ) -> Result<Ino, Errno> {
+        let cfg = self.config;
+        let out = self.write_tx(|c| {
+            let (inline, kind) = match content {
+                Content::File(_) => (true, 1),
+                _ => (false, 0),
+            };
+            let size = match content {
+                Content::Symlink(t) => t.len() as u64,
+                Content::Partial(_) => meta.size,
+                _ => 0,
+            };
+            let ino: i64 = c
+                .prepare_cached(
+                    "INSERT INTO fs_inode (mode, nlink, uid, gid, size, atime, mtime, ctime, rdev,
+                                           atime_nsec, mtime_nsec, ctime_nsec, data_inline,
+                                           storage_kind)
+                     VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,
+                             CASE WHEN ?12 THEN x'' END, ?13)
+                     RETURNING ino",
+                )?
+                .query_row(
+                    rusqlite::params![
+                        meta.mode,
+                        meta.uid,
+                        meta.gid,
+                        i64::try_from(size).map_err(|_| Errno::EFBIG)?,
+                        meta.atime.sec,
+                        meta.mtime.sec,
+                        meta.ctime.sec,
+                        meta.rdev,
+                        meta.atime.nsec,
+                        meta.mtime.nsec,
+                        meta.ctime.nsec,
+                        inline,
+                        kind
+                    ],
+                    |r| r.get(0),
+                )?;
+            let ino = Ino(ino as u64);
+            namespace::insert_dentry(c, parent, name, ino)?;
+            let base_ino = i64::try_from(meta.ino).map_err(|_| Errno::EOVERFLOW)?;
+            c.prepare_cached(
+                "INSERT OR REPLACE INTO fs_origin (delta_ino, base_ino) VALUES (?1, ?2)",
+            )?
+            .execute((sql_ino(ino)?, base_ino))?;
+            match content {
+                Content::Dir | Content::Special => {}
+                Content::Symlink(t) => {
+                    c.prepare_cached("INSERT INTO fs_symlink (ino, target) VALUES (?1, ?2)")?
+                        .execute((sql_ino(ino)?, Name(t)))?;
+                }
+                Content::File(read) => {
+                    let mut buf = vec![0u8; cfg.chunk_size as usize];
+                    let mut off = 0u64;
+                    loop {
+                        let mut have = 0;
+                        while have < buf.len() {
+                            let n = read(&mut buf[have..])?;
+                            if n == 0 {
+                                break;
+                            }
+                            have += n;
+                        }
+                        if have == 0 {
+                            break;
+                        }
+                        data::write(c, &cfg, ino, off, &buf[..have], None)?;
+                        off += have as u64;
+                        if have < buf.len() {
+                            break;
+                        }
+                    }
+                }
+                Content::Partial(po) => {
+                    c.prepare_cached(
+                        "INSERT INTO fs_partial_origin (delta_ino, base_ino, base_path, base_size,
+                             base_fingerprint_size, base_mtime, base_mtime_nsec, base_ctime,
+                             base_ctime_nsec, created_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                    )?
+                    .execute(rusqlite::params![
+                        sql_ino(ino)?,
+                        base_ino,
+                        po.base_path,
+                        po.base_size,
+                        po.base_fingerprint_size,
+                        po.base_mtime,
+                        po.base_mtime_nsec,
+                        po.base_ctime,
+                        po.base_ctime_nsec,
+                        inode::now().sec
+                    ])?;
+                }
+            }
+            verify()?;
+            Ok(ino)
+        });
+        self.caches.entry_changed(parent, name);
+        out
+    }
+
+    /// Hide the base entry `path` of delta directory `parent` (which gets the new mtime and
+    /// ctime), in one transaction.
+    pub fn whiteout(&self, parent: Ino, path: &[u8], clear_children: bool) -> Result<(), Errno> {
+        let out = self.write_tx(|c| {
+            let now = inode::now();
+            let fx = Effects {
+                whiteout: Some(path),
+                clear_children: clear_children.then_some(path),
+                ..Effects::NONE
+            };
+            apply_effects(c, &fx, now)?;
+            inode::touch_mc(c, parent, now)
+        });
+        self.caches.inode_changed(parent);
+        out
+    }
+
+    /// The partial-origin row of `ino`, if it has one.
+    pub fn partial_origin(&self, ino: Ino) -> Result<Option<super::backup::PartialOrigin>, Errno> {
+        self.read_tx(|c| {
+            Ok(super::backup::partial_origins_of(c, Some(ino))?
+                .into_iter()
+                .next())
+        })
+    }
+
+    /// Chunk indexes of `ino` that the delta owns.
+    pub fn overrides(&self, ino: Ino) -> Result<HashSet<u64>, Errno> {
+        self.read_tx(|c| {
+            let mut st =
+                c.prepare_cached("SELECT chunk_index FROM fs_chunk_override WHERE delta_ino = ?1")?;
+            let rows = st.query_map([sql_ino(ino)?], |r| r.get::<_, i64>(0))?;
+            let mut out = HashSet::new();
+            for r in rows {
+                out.insert(r? as u64);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Make the delta own chunks of a partial-origin file, in one transaction: each
+    /// `(index, bytes)` stores `bytes` as the chunk (None: a hole) and records the override.
+    /// Pending writes of the inode stay pending and land on top.
+    pub fn own_chunks(&self, ino: Ino, chunks: &[(u64, Option<Vec<u8>>)]) -> Result<(), Errno> {
+        let out = self.write_tx(|c| {
+            for (idx, bytes) in chunks {
+                let i = i64::try_from(*idx).map_err(|_| Errno::EFBIG)?;
+                if let Some(b) = bytes {
+                    data::put_chunk(c, ino, *idx, b)?;
+                } else {
+                    c.prepare_cached("DELETE FROM fs_data WHERE ino = ?1 AND chunk_index = ?2")?
+                        .execute((sql_ino(ino)?, i))?;
+                }
+                c.prepare_cached(
+                    "INSERT OR IGNORE INTO fs_chunk_override (delta_ino, chunk_index) VALUES (?1, ?2)",
+                )?
+                .execute((sql_ino(ino)?, i))?;
+            }
+            Ok(())
+        });
+        self.caches.inode_changed(ino);
+        out
+    }
+}
