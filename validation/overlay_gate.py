@@ -576,6 +576,65 @@ def _(t):
     expect_eq(final, stable | added, "listing afterwards")
 
 
+@check("whiteout.readdir_during_copy_up")
+def _(t):
+    # A name copied up while a listing is in progress keeps its place: listed exactly once.
+    d = t.p("many")
+    seen = []
+    it = os.scandir(d)
+    try:
+        for i, e in enumerate(it):
+            seen.append(e.name)
+            if i == 50:
+                os.chmod(os.path.join(d, "b299"), 0o600)
+                write_file(os.path.join(d, "b298"), b"changed", flags=os.O_APPEND)
+    finally:
+        it.close()
+    expect_eq(sorted(seen), ["b%03d" % i for i in range(300)], "names listed during copy-ups")
+    expect_eq(len(os.listdir(d)), 300, "listing afterwards")
+
+
+@check("copyup.unlinked_while_open")
+def _(t):
+    # Open a base file, remove its name, keep writing: the writes are not lost (overlayfs
+    # copies up at open; the data lives on in an orphan until the last close).
+    fd = os.open(t.p("small.txt"), os.O_RDWR | os.O_APPEND)
+    try:
+        os.unlink(t.p("small.txt"))
+        expect_eq(os.write(fd, b"more\n"), 5, "write after unlink")
+        os.fsync(fd)
+        os.lseek(fd, 0, os.SEEK_SET)
+        expect_eq(os.read(fd, 100), b"hello, base\nmore\n", "content through the open fd")
+        os.fchmod(fd, 0o600)
+        expect_eq(os.fstat(fd).st_mode & 0o777, 0o600, "fchmod after unlink")
+    finally:
+        os.close(fd)
+    expect(not os.path.lexists(t.p("small.txt")), "the name stays removed")
+    fd = os.open(t.p("exec.sh"), os.O_RDWR)
+    try:
+        os.rename(t.p("hard1"), t.p("exec.sh"))
+        os.pwrite(fd, b"X", 0)
+        os.fsync(fd)
+        expect_eq(os.pread(fd, 3, 0), b"X!/", "write to a file replaced by rename")
+    finally:
+        os.close(fd)
+    expect_eq(read_file(t.p("exec.sh")), b"linked\n", "the new name's content")
+
+
+@check("partial.huge_truncate_and_fallocate")
+def _(t):
+    need_agentfs("partial-origin")
+    # Sizes far beyond the base must not make the server take over every chunk.
+    with open(t.p("big.bin"), "r+b") as f:
+        os.ftruncate(f.fileno(), 1 << 50)
+        expect_eq(os.fstat(f.fileno()).st_size, 1 << 50, "size after a huge truncate")
+        os.ftruncate(f.fileno(), BIG)
+        os.posix_fallocate(f.fileno(), 0, 1 << 40)
+        expect_eq(os.fstat(f.fileno()).st_size, 1 << 40, "size after a huge fallocate")
+        os.ftruncate(f.fileno(), BIG)
+    expect_eq(len(read_file(t.p("big.bin"))), BIG, "size back")
+
+
 # --------------------------------------------------------------------------
 # exdev: renames
 # --------------------------------------------------------------------------

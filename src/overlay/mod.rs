@@ -43,9 +43,6 @@ const BASE_COOKIE: u64 = 1 << 62;
 /// How often a lookup retries when a copy-up raced it.
 const RETRIES: usize = 16;
 
-/// One page of a merged listing: each entry with its base path when it comes from the base.
-type Page = Vec<(DirEntry, Option<Vec<u8>>)>;
-
 /// Where a name of a directory is in the merged view.
 enum Presence {
     Delta(Attr),
@@ -280,11 +277,33 @@ impl Overlay {
     fn ensure_delta_locked(&self, node: Ino) -> Result<Ino, Errno> {
         match self.resolve(node)? {
             Target::Delta(x) => Ok(x),
-            // A base file removed through the mount while still open: there is no name left
-            // to copy it to.
-            Target::Base { unlinked: true, .. } => Err(Errno::EIO),
+            // A base file removed through the mount while still open: copied into an orphan
+            // that lives until the kernel forgets the node (unlink-while-open).
+            Target::Base {
+                path,
+                fp: Some(fp),
+                unlinked: true,
+            } => {
+                let st = self.current(&path, Some(fp))?;
+                let x = self.store_copy(None, &path, &st, false, &|_| {})?;
+                self.nodes.orphan_copied(node, x);
+                Ok(x)
+            }
+            Target::Base { unlinked: true, .. } => Err(Errno::ENOENT),
             Target::Base { path, fp, .. } => self.copy_up(&path, fp),
         }
+    }
+
+    /// lstat of the base object at `path`, which must still be version `expect` of a regular
+    /// file when given (EIO otherwise: it changed under the mount).
+    fn current(&self, path: &[u8], expect: Option<Fingerprint>) -> Result<libc::stat, Errno> {
+        let st = self.base.lstat(path)?.ok_or(Errno::ENOENT)?;
+        if let Some(fp) = expect {
+            if st.st_mode & libc::S_IFMT != libc::S_IFREG || Fingerprint::of(&st) != fp {
+                return Err(Errno::EIO);
+            }
+        }
+        Ok(st)
     }
 
     /// Copy the base object at `path` (and missing ancestors) into the delta; returns its
@@ -305,6 +324,8 @@ impl Overlay {
         if path == b"/" {
             return Ok(Ino::ROOT);
         }
+        // The object first: a node that saw another version must not copy its ancestors.
+        let st = self.current(path, expect)?;
         let parent = self.copy_up(parent_path(path), None)?;
         let name = last_name(path);
         match self.store.lookup(parent, name) {
@@ -312,11 +333,42 @@ impl Overlay {
             Err(e) if e != Errno::ENOENT => return Err(e),
             Err(_) => {}
         }
-        let st = self.base.lstat(path)?.ok_or(Errno::ENOENT)?;
-        let kind = st.st_mode & libc::S_IFMT;
-        if kind == libc::S_IFREG && expect.is_some_and(|fp| fp != Fingerprint::of(&st)) {
-            return Err(Errno::EIO);
+        let fp = (st.st_mode & libc::S_IFMT == libc::S_IFREG).then(|| Fingerprint::of(&st));
+        let publish = |ino: Ino| {
+            self.origins.write().insert(ino, st.st_ino);
+            if is_dir(st.st_mode) {
+                self.paths.lock().insert(ino, path.to_vec());
+            }
+            self.nodes.publish(path, ino);
+        };
+        let copied = std::cell::Cell::new(None);
+        let out = self.store_copy(Some(parent), path, &st, empty, &|ino| {
+            copied.set(Some(ino));
+            publish(ino);
+        });
+        match (&out, copied.get()) {
+            (Ok(ino), _) => self.nodes.settle(path, *ino),
+            (Err(_), Some(ino)) => {
+                self.origins.write().remove(&ino);
+                self.paths.lock().remove(&ino);
+                self.nodes.revert(path, ino, fp);
+            }
+            (Err(_), None) => {}
         }
+        out
+    }
+
+    /// One copy-up transaction of the base object at `path` (stat `st`) as `name` of
+    /// `parent`, or as an orphan; `publish` runs inside it (see `Store::copy_up`).
+    fn store_copy(
+        &self,
+        parent: Option<Ino>,
+        path: &[u8],
+        st: &libc::stat,
+        empty: bool,
+        publish: &dyn Fn(Ino),
+    ) -> Result<Ino, Errno> {
+        let name = last_name(path);
         let ts = |s: i64, n: i64| Timespec {
             sec: s,
             nsec: u32::try_from(n).unwrap_or(0),
@@ -333,28 +385,27 @@ impl Overlay {
             ino: st.st_ino,
         };
         let no_check = || Ok(());
-        let ino = match kind {
-            libc::S_IFDIR => self
-                .store
-                .copy_up(parent, name, &meta, Content::Dir, &no_check)?,
+        let store = &self.store;
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => store.copy_up(parent, name, &meta, Content::Dir, &no_check, publish),
             libc::S_IFLNK => {
                 let target = self.base.readlink(path)?;
-                self.store
-                    .copy_up(parent, name, &meta, Content::Symlink(&target), &no_check)?
+                let content = Content::Symlink(&target);
+                store.copy_up(parent, name, &meta, content, &no_check, publish)
             }
             libc::S_IFREG if empty => {
                 let mut nothing = |_: &mut [u8]| Ok(0);
-                self.store
-                    .copy_up(parent, name, &meta, Content::File(&mut nothing), &no_check)?
+                let content = Content::File(&mut nothing);
+                store.copy_up(parent, name, &meta, content, &no_check, publish)
             }
-            libc::S_IFREG => match self.partial.origin_for(path, &st) {
+            libc::S_IFREG => match self.partial.origin_for(path, st) {
                 Some(po) => {
-                    self.store
-                        .copy_up(parent, name, &meta, Content::Partial(&po), &no_check)?
+                    let content = Content::Partial(&po);
+                    store.copy_up(parent, name, &meta, content, &no_check, publish)
                 }
                 None => {
                     let file = self.base.open_file(path)?;
-                    let want = Fingerprint::of(&st);
+                    let want = Fingerprint::of(st);
                     let verify = || {
                         let now = crate::sys::beneath::fstat(&file)?;
                         if Fingerprint::of(&now) == want {
@@ -370,20 +421,12 @@ impl Overlay {
                         off += n as u64;
                         Ok(n)
                     };
-                    self.store
-                        .copy_up(parent, name, &meta, Content::File(&mut read), &verify)?
+                    let content = Content::File(&mut read);
+                    store.copy_up(parent, name, &meta, content, &verify, publish)
                 }
             },
-            _ => self
-                .store
-                .copy_up(parent, name, &meta, Content::Special, &no_check)?,
-        };
-        self.origins.write().insert(ino, st.st_ino);
-        if kind == libc::S_IFDIR {
-            self.paths.lock().insert(ino, path.to_vec());
+            _ => store.copy_up(parent, name, &meta, Content::Special, &no_check, publish),
         }
-        self.nodes.copied_up(path, ino);
-        Ok(ino)
     }
 
     /// Create `name` in `parent` (copied up first) unless the merged view has it.
@@ -436,36 +479,97 @@ impl Overlay {
         Ok(done)
     }
 
-    /// Entries of the base part of merged directory `path` (delta inode `dir`) or of base
-    /// directory `path` (`dir` None), from base index `from`, at most `max`.
-    fn base_listing(
-        &self,
-        dir: Option<Ino>,
-        path: &[u8],
-        from: u64,
-        fresh: bool,
-        max: usize,
-    ) -> Result<Vec<(DirEntry, Vec<u8>)>, Errno> {
-        let list = self.base.list(path, fresh)?;
+    /// One page of the merged listing of `node`: up to `max` entries after cookie `offset`.
+    ///
+    /// A merged directory lists first the delta's own names (cookies as in a plain mount) that
+    /// the base does not have, then every base name that is not whited out, sorted, at cookies
+    /// from 2^62 on — taken from the delta when the delta has it. A name's place therefore does
+    /// not move when it is copied up during a listing, so no name is skipped or repeated.
+    fn list(&self, node: Ino, offset: u64, max: usize) -> Result<Vec<(DirEntry, Source)>, Errno> {
+        let mut out = Vec::new();
+        let (dir, path) = match self.resolve(node)? {
+            Target::Delta(d) if !self.merged(d) => {
+                for (e, a) in self.store.readdirplus(d, offset, max)? {
+                    out.push((e, Source::Delta(a)));
+                }
+                return Ok(out);
+            }
+            Target::Delta(d) => (Some(d), self.path_of(d)?),
+            Target::Base { path, .. } => (None, path),
+        };
+        let listing = self.base.list(&path, offset == 0)?;
+        let in_base = |name: &[u8]| {
+            listing
+                .binary_search_by(|e| e.name.as_slice().cmp(name))
+                .is_ok()
+        };
+        if offset < BASE_COOKIE {
+            match dir {
+                Some(d) => {
+                    let mut cur = offset;
+                    while out.len() < max {
+                        let want = max - out.len();
+                        let page = self.store.readdirplus(d, cur, want)?;
+                        let n = page.len();
+                        for (e, a) in page {
+                            cur = e.offset;
+                            let dot = e.name == b"." || e.name == b"..";
+                            if dot || !in_base(&e.name) {
+                                out.push((e, Source::Delta(a)));
+                            }
+                        }
+                        if n < want {
+                            break;
+                        }
+                    }
+                    if out.len() >= max {
+                        return Ok(out);
+                    }
+                }
+                None => {
+                    let st = self.base.lstat(&path)?.ok_or(Errno::ENOENT)?;
+                    let up = parent_path(&path).to_vec();
+                    let up_st = self.base.lstat(&up)?.unwrap_or(st);
+                    for (name, off, st) in [(&b"."[..], 1, st), (&b".."[..], 2, up_st)] {
+                        if offset < off && out.len() < max {
+                            let e = DirEntry {
+                                ino: Ino(st.st_ino),
+                                name: name.to_vec(),
+                                kind: libc::S_IFDIR,
+                                offset: off,
+                            };
+                            out.push((e, Source::Dot(base::attr_of(&st))));
+                        }
+                    }
+                }
+            }
+        }
         let hidden = match dir {
-            Some(_) => self.store.whiteouts_in(path)?,
+            Some(_) => self.store.whiteouts_in(&path)?,
             None => Default::default(),
         };
-        let mut out = Vec::new();
-        let start = usize::try_from(from).unwrap_or(usize::MAX);
-        for (i, e) in list.iter().enumerate().skip(start) {
+        let from = usize::try_from(offset.saturating_sub(BASE_COOKIE)).unwrap_or(usize::MAX);
+        for (i, e) in listing.iter().enumerate().skip(from) {
             if out.len() >= max {
                 break;
             }
             if hidden.contains(&e.name) {
                 continue;
             }
+            let cookie = BASE_COOKIE + i as u64 + 1;
             if let Some(d) = dir {
-                if self.store.lookup(d, &e.name).is_ok() {
+                if let Ok(a) = self.store.lookup(d, &e.name) {
+                    let entry = DirEntry {
+                        ino: a.ino,
+                        name: e.name.clone(),
+                        kind: a.mode & libc::S_IFMT,
+                        offset: cookie,
+                    };
+                    out.push((entry, Source::Delta(a)));
                     continue;
                 }
             }
-            let child = join(path, &e.name);
+            let child = join(&path, &e.name);
             let kind = if e.kind == libc::DT_UNKNOWN {
                 match self.base.lstat(&child)? {
                     Some(st) => st.st_mode & libc::S_IFMT,
@@ -474,67 +578,24 @@ impl Overlay {
             } else {
                 u32::from(e.kind) << 12
             };
-            out.push((
-                DirEntry {
-                    ino: Ino(e.ino),
-                    name: e.name.clone(),
-                    kind,
-                    offset: BASE_COOKIE + i as u64 + 1,
-                },
-                child,
-            ));
+            let entry = DirEntry {
+                ino: Ino(e.ino),
+                name: e.name.clone(),
+                kind,
+                offset: cookie,
+            };
+            out.push((entry, Source::Base(child)));
         }
         Ok(out)
     }
+}
 
-    /// One page of the merged listing of `node`.
-    fn list(&self, node: Ino, offset: u64, max: usize) -> Result<Page, Errno> {
-        match self.resolve(node)? {
-            Target::Delta(d) => {
-                let mut out: Page = Vec::new();
-                if offset < BASE_COOKIE {
-                    for mut e in self.store.readdir(d, offset, max)? {
-                        if let Some(b) = self.origins.read().get(&e.ino) {
-                            e.ino = Ino(*b);
-                        }
-                        out.push((e, None));
-                    }
-                }
-                if out.len() < max && self.merged(d) {
-                    let from = offset.saturating_sub(BASE_COOKIE);
-                    let path = self.path_of(d)?;
-                    for (e, p) in
-                        self.base_listing(Some(d), &path, from, offset == 0, max - out.len())?
-                    {
-                        out.push((e, Some(p)));
-                    }
-                }
-                Ok(out)
-            }
-            Target::Base { path, .. } => {
-                let st = self.base.lstat(&path)?.ok_or(Errno::ENOENT)?;
-                let mut out = Vec::new();
-                let dot = |name: &[u8], off| DirEntry {
-                    ino: Ino(st.st_ino),
-                    name: name.to_vec(),
-                    kind: libc::S_IFDIR,
-                    offset: off,
-                };
-                if offset < 1 {
-                    out.push((dot(b".", 1), Some(path.clone())));
-                }
-                if offset < 2 && out.len() < max {
-                    out.push((dot(b"..", 2), Some(parent_path(&path).to_vec())));
-                }
-                let from = offset.saturating_sub(BASE_COOKIE);
-                let room = max - out.len();
-                for (e, p) in self.base_listing(None, &path, from, offset == 0, room)? {
-                    out.push((e, Some(p)));
-                }
-                Ok(out)
-            }
-        }
-    }
+/// Where a listed entry comes from.
+enum Source {
+    Delta(Attr),
+    Base(Vec<u8>),
+    /// "." or ".." of a base directory.
+    Dot(Attr),
 }
 
 impl Filesystem for Overlay {
@@ -571,6 +632,9 @@ impl Filesystem for Overlay {
     }
 
     fn setattr(&self, node: Ino, set: &SetAttr) -> Result<Attr, Errno> {
+        if set.size.is_some_and(|s| s > i64::MAX as u64) {
+            return Err(Errno::EFBIG);
+        }
         // Truncating a base file to zero (O_TRUNC) copies none of its bytes.
         let x = match (self.resolve(node)?, set.size) {
             (
@@ -829,7 +893,15 @@ impl Filesystem for Overlay {
             self.nodes.drop_node(node);
             self.base.close(node);
             match target {
-                Some(Target::Delta(x)) => x,
+                // Possibly an orphan copy of an unlinked base file, which the reference table
+                // never saw as an orphan: reap checks nlink itself.
+                Some(Target::Delta(x)) => {
+                    self.partial.forget(x);
+                    if let Err(e) = self.store.reap(x) {
+                        tracing::error!("reaping orphan inode {} failed: {e}", x.0);
+                    }
+                    return;
+                }
                 _ => return,
             }
         } else {
@@ -872,9 +944,16 @@ impl Filesystem for Overlay {
     }
 
     fn fallocate(&self, node: Ino, offset: u64, length: u64, mode: u32) -> Result<(), Errno> {
+        if offset
+            .checked_add(length)
+            .is_none_or(|e| e > i64::MAX as u64)
+        {
+            return Err(Errno::EFBIG);
+        }
         let x = self.ensure_delta(node)?;
         if let Some(p) = self.partial.get(&self.store, x)? {
-            p.own_range(&self.store, &self.base, x, offset, length)?;
+            let size = self.store.getattr(x)?.size;
+            p.own_within_base(&self.store, &self.base, x, offset, length, size)?;
         }
         self.store.fallocate(x, offset, length, mode)
     }
@@ -936,7 +1015,12 @@ impl Filesystem for Overlay {
         Ok(self
             .list(node, offset, max)?
             .into_iter()
-            .map(|(e, _)| e)
+            .map(|(mut e, src)| {
+                if let Source::Delta(a) = src {
+                    e.ino = self.fix(a).ino;
+                }
+                e
+            })
             .collect())
     }
 
@@ -947,65 +1031,46 @@ impl Filesystem for Overlay {
         max: usize,
     ) -> Result<Vec<(DirEntry, Entry)>, Errno> {
         let mut out = Vec::new();
-        let (dir, path, from) = match self.resolve(node)? {
-            Target::Delta(d) => {
-                if offset < BASE_COOKIE {
-                    for (e, a) in self.store.readdirplus(d, offset, max)? {
-                        let mut entry = self.delta_entry(a);
-                        if e.name == b"." || e.name == b".." {
-                            entry.node = Ino(0);
+        for (e, src) in self.list(node, offset, max)? {
+            let dot = e.name == b"." || e.name == b"..";
+            let entry = match src {
+                Source::Delta(a) => {
+                    let mut en = self.delta_entry(a);
+                    if dot {
+                        en.node = Ino(0);
+                    }
+                    en
+                }
+                Source::Dot(a) => Entry {
+                    node: Ino(0),
+                    attr: a,
+                },
+                Source::Base(path) => {
+                    let mut found = None;
+                    for _ in 0..RETRIES {
+                        let seen = self.nodes.generation();
+                        match self.base_entry(&path, seen) {
+                            Err(err) if err == Errno::EAGAIN => continue,
+                            r => {
+                                found = r?;
+                                break;
+                            }
                         }
-                        out.push((
-                            DirEntry {
-                                ino: entry.attr.ino,
-                                ..e
-                            },
-                            entry,
-                        ));
+                    }
+                    // Gone from the base since the listing was read: leave it out.
+                    match found {
+                        Some(en) => en,
+                        None => continue,
                     }
                 }
-                if out.len() >= max || !self.merged(d) {
-                    return Ok(out);
-                }
-                (
-                    Some(d),
-                    self.path_of(d)?,
-                    offset.saturating_sub(BASE_COOKIE),
-                )
-            }
-            Target::Base { path, .. } => {
-                for (e, p) in self.list(node, offset.min(2), 2)? {
-                    if e.offset <= offset || offset >= BASE_COOKIE {
-                        continue;
-                    }
-                    let st = self.base.lstat(p.as_deref().unwrap_or(b"/"))?;
-                    let st = st.ok_or(Errno::ENOENT)?;
-                    let entry = Entry {
-                        node: Ino(0),
-                        attr: base::attr_of(&st),
-                    };
-                    out.push((e, entry));
-                }
-                (None, path, offset.saturating_sub(BASE_COOKIE))
-            }
-        };
-        let room = max.saturating_sub(out.len());
-        for (e, child) in self.base_listing(dir, &path, from, offset == 0, room)? {
-            let mut found = None;
-            for _ in 0..RETRIES {
-                let seen = self.nodes.generation();
-                match self.base_entry(&child, seen) {
-                    Err(err) if err == Errno::EAGAIN => continue,
-                    r => {
-                        found = r?;
-                        break;
-                    }
-                }
-            }
-            // Gone from the base since the listing was read: leave it out.
-            if let Some(entry) = found {
-                out.push((e, entry));
-            }
+            };
+            out.push((
+                DirEntry {
+                    ino: entry.attr.ino,
+                    ..e
+                },
+                entry,
+            ));
         }
         Ok(out)
     }

@@ -62,6 +62,9 @@ struct Table {
     by_path: HashMap<Vec<u8>, u64>,
     /// Copied-up nodes by their delta inode.
     by_delta: HashMap<Ino, u64>,
+    /// Copies published but not yet settled, for paths no node names yet: a lookup that
+    /// still finds the base object there gets a node for the copy.
+    pending: HashMap<Vec<u8>, Ino>,
     /// Bumped by every copy-up: a lookup that saw the base before a copy-up must retry.
     generation: u64,
 }
@@ -97,14 +100,24 @@ impl Nodes {
     /// generation `seen` (the caller must look again).
     pub fn for_base(&self, path: &[u8], fp: Option<Fingerprint>, seen: u64) -> Option<Ino> {
         let mut t = self.table.lock();
+        if let Some(&x) = t.pending.get(path) {
+            if let Some(&n) = t.by_delta.get(&x) {
+                return Some(Ino(n));
+            }
+            t.next += 1;
+            let n = VIRTUAL | t.next;
+            t.nodes.insert(n, Target::Delta(x));
+            t.by_delta.insert(x, n);
+            return Some(Ino(n));
+        }
         if t.generation != seen {
             return None;
         }
         if let Some(&n) = t.by_path.get(path) {
-            if let Some(Target::Base { fp: old, .. }) = t.nodes.get(&n) {
-                if *old == fp {
-                    return Some(Ino(n));
-                }
+            match t.nodes.get(&n) {
+                Some(Target::Base { fp: old, .. }) if *old == fp => return Some(Ino(n)),
+                Some(Target::Delta(_)) => return Some(Ino(n)),
+                _ => {}
             }
         }
         t.next += 1;
@@ -121,14 +134,59 @@ impl Nodes {
         Some(Ino(n))
     }
 
-    /// The base object at `path` was copied up as `ino`: its node (if any) now names `ino`.
-    pub fn copied_up(&self, path: &[u8], ino: Ino) {
+    /// The base object at `path` is being copied up as `ino` (called inside the copy's
+    /// transaction, so no reader of the store sees the copy before this): its node, if any,
+    /// now names `ino`, and a lookup that still finds the base object gets a node for `ino`.
+    pub fn publish(&self, path: &[u8], ino: Ino) {
         let mut t = self.table.lock();
         t.generation += 1;
-        if let Some(n) = t.by_path.remove(path) {
-            t.nodes.insert(n, Target::Delta(ino));
-            t.by_delta.insert(ino, n);
+        match t.by_path.get(path).copied() {
+            Some(n) => {
+                t.nodes.insert(n, Target::Delta(ino));
+                t.by_delta.insert(ino, n);
+            }
+            None => {
+                t.pending.insert(path.to_vec(), ino);
+            }
         }
+    }
+
+    /// The copy of `path` as `ino` committed: lookups find it in the delta from now on.
+    pub fn settle(&self, path: &[u8], ino: Ino) {
+        let mut t = self.table.lock();
+        t.generation += 1;
+        t.pending.remove(path);
+        if let Some(&n) = t.by_path.get(path) {
+            if t.nodes.get(&n) == Some(&Target::Delta(ino)) {
+                t.by_path.remove(path);
+            }
+        }
+    }
+
+    /// The copy of `path` as `ino` was rolled back: nodes that named it name the base object
+    /// again (as version `fp`).
+    pub fn revert(&self, path: &[u8], ino: Ino, fp: Option<Fingerprint>) {
+        let mut t = self.table.lock();
+        t.generation += 1;
+        t.pending.remove(path);
+        if let Some(n) = t.by_delta.remove(&ino) {
+            t.nodes.insert(
+                n,
+                Target::Base {
+                    path: path.to_vec(),
+                    fp,
+                    unlinked: false,
+                },
+            );
+            t.by_path.insert(path.to_vec(), n);
+        }
+    }
+
+    /// An unlinked base file behind `node` was copied into the orphan `ino`.
+    pub fn orphan_copied(&self, node: Ino, ino: Ino) {
+        let mut t = self.table.lock();
+        t.nodes.insert(node.0, Target::Delta(ino));
+        t.by_delta.insert(ino, node.0);
     }
 
     /// The name `path` was removed (or replaced): its base node, if any, is unlinked and no
@@ -177,13 +235,30 @@ mod tests {
         let g = n.generation();
         let v = n.for_base(b"/a", None, g).unwrap();
         assert_eq!(n.for_base(b"/a", None, g), Some(v));
-        n.copied_up(b"/a", Ino(9));
+        n.publish(b"/a", Ino(9));
         assert_eq!(n.resolve(v), Some(Target::Delta(Ino(9))));
         assert_eq!(n.for_delta(Ino(9)), v);
+        let g = n.generation();
+        assert_eq!(n.for_base(b"/a", None, g), Some(v), "still the same node");
+        n.settle(b"/a", Ino(9));
         assert_eq!(n.for_base(b"/a", None, g), None, "stale generation");
         n.drop_node(v);
         assert_eq!(n.for_delta(Ino(9)), Ino(9));
         assert_eq!(n.len(), 0);
+    }
+
+    #[test]
+    fn a_lookup_racing_a_copy_up_gets_the_copy() {
+        let n = Nodes::default();
+        n.publish(b"/b", Ino(5));
+        let g = n.generation();
+        let v = n.for_base(b"/b", None, g).unwrap();
+        assert_eq!(n.resolve(v), Some(Target::Delta(Ino(5))));
+        assert_eq!(n.for_delta(Ino(5)), v);
+        n.settle(b"/b", Ino(5));
+        assert_eq!(n.for_delta(Ino(5)), v);
+        n.revert(b"/b", Ino(5), None);
+        assert!(matches!(n.resolve(v), Some(Target::Base { .. })));
     }
 
     #[test]

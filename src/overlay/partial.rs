@@ -135,7 +135,7 @@ impl Partials {
         if lo == hi {
             return Ok(());
         }
-        p.own(store, base, x, lo / p.chunk, (hi - 1) / p.chunk, lo)
+        p.own_within_base(store, base, x, lo, hi - lo, lo)
     }
 
     /// Forget the state of a deleted inode.
@@ -157,6 +157,33 @@ impl PartialFile {
             return Err(Errno::EIO);
         }
         Ok((f, u64::try_from(st.st_size).unwrap_or(0)))
+    }
+
+    /// Take over the chunks of [off, off + len) that hold base bytes (chunks past the base's
+    /// end read as zeros whoever owns them), keeping bytes below `keep_below`: before a size
+    /// change or an fallocate, whose range can be far larger than the file.
+    pub fn own_within_base(
+        &self,
+        store: &Store,
+        base: &BaseLayer,
+        x: Ino,
+        off: u64,
+        len: u64,
+        keep_below: u64,
+    ) -> Result<(), Errno> {
+        let base_len = u64::try_from(self.origin.expected_size()).unwrap_or(0);
+        let end = off.saturating_add(len).min(base_len);
+        if len == 0 || off >= end {
+            return Ok(());
+        }
+        self.own(
+            store,
+            base,
+            x,
+            off / self.chunk,
+            (end - 1) / self.chunk,
+            keep_below,
+        )
     }
 
     /// Take over chunks `first..=last` that the delta does not own yet, keeping the bytes

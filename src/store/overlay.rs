@@ -537,17 +537,21 @@ impl Store {
         })
     }
 
-    /// Copy a base object into the delta as `name` in `parent` (a delta directory), all in one
+    /// Copy a base object into the delta as `name` in `parent` (a delta directory; None: an
+    /// orphan with no name and nlink 0, for a base file unlinked while open), all in one
     /// transaction: the inode with the base metadata, its name, its content, the fs_origin row
-    /// and, for a partial-origin file, its fs_partial_origin row. `verify` runs last, before
-    /// the commit: an error there (the base changed while it was read) rolls everything back.
+    /// and, for a partial-origin file, its fs_partial_origin row. `verify` runs last: an error
+    /// there (the base changed while it was read) rolls everything back. `publish` runs after
+    /// it, still inside the transaction, so the caller can make the copy known before any
+    /// reader of the store can see it.
     pub fn copy_up(
         &self,
-        parent: Ino,
+        parent: Option<Ino>,
         name: &[u8],
         meta: &BaseMeta,
         content: Content<'_>,
         verify: &dyn Fn() -> Result<(), Errno>,
+        publish: &dyn Fn(Ino),
     ) -> Result<Ino, Errno> {
         let cfg = self.config;
         let out = self.write_tx(|c| {
@@ -565,7 +569,7 @@ impl Store {
                     "INSERT INTO fs_inode (mode, nlink, uid, gid, size, atime, mtime, ctime, rdev,
                                            atime_nsec, mtime_nsec, ctime_nsec, data_inline,
                                            storage_kind)
-                     VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,
+                     VALUES (?1, ?14, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,
                              CASE WHEN ?12 THEN x'' END, ?13)
                      RETURNING ino",
                 )?
@@ -583,12 +587,15 @@ impl Store {
                         meta.mtime.nsec,
                         meta.ctime.nsec,
                         inline,
-                        kind
+                        kind,
+                        u32::from(parent.is_some())
                     ],
                     |r| r.get(0),
                 )?;
             let ino = Ino(ino as u64);
-            namespace::insert_dentry(c, parent, name, ino)?;
+            if let Some(parent) = parent {
+                namespace::insert_dentry(c, parent, name, ino)?;
+            }
             let base_ino = i64::try_from(meta.ino).map_err(|_| Errno::EOVERFLOW)?;
             c.prepare_cached(
                 "INSERT OR REPLACE INTO fs_origin (delta_ino, base_ino) VALUES (?1, ?2)",
@@ -644,9 +651,12 @@ impl Store {
                 }
             }
             verify()?;
+            publish(ino);
             Ok(ino)
         });
-        self.caches.entry_changed(parent, name);
+        if let Some(parent) = parent {
+            self.caches.entry_changed(parent, name);
+        }
         out
     }
 
