@@ -830,22 +830,7 @@ fn table(cols: &[Column], plan: &Plan, tree: &Tree) -> String {
         let limit = base.and_then(|b| median(b.get(w.key)));
         for c in cols {
             let v = c.get(w.key);
-            match (&c.missing, median(v)) {
-                (Some(_), _) => s.push_str(" missing |"),
-                (None, Some(m)) => {
-                    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-                    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let ratio = limit.map_or(String::new(), |l| format!(" ({:.2}×)", m / l));
-                    let _ = write!(
-                        s,
-                        " {}{ratio} [{}–{}] |",
-                        fmt_num(m),
-                        fmt_num(lo),
-                        fmt_num(hi)
-                    );
-                }
-                (None, None) => s.push_str(" – |"),
-            }
+            cell(&mut s, c.missing.is_some(), v, limit);
         }
         s.push('\n');
     }
@@ -1148,5 +1133,25 @@ fn main() {
     .any(|m| is_mounted(&work.join(m)))
     {
         let _ = fs::remove_dir_all(&work);
+    }
+}
+
+/// One table cell: "median (× reference) [min–max]", "missing", or "–" without runs.
+fn cell(s: &mut String, missing: bool, v: &[f64], limit: Option<f64>) {
+    match (missing, median(v)) {
+        (true, _) => s.push_str(" missing |"),
+        (false, Some(m)) => {
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let ratio = limit.map_or(String::new(), |l| format!(" ({:.2}×)", m / l));
+            let _ = write!(
+                s,
+                " {}{ratio} [{}–{}] |",
+                fmt_num(m),
+                fmt_num(lo),
+                fmt_num(hi)
+            );
+        }
+        (false, None) => s.push_str(" – |"),
     }
 }

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::process::Command;
 
 use common::{fuse_or_skip, scratch_root, Mounted};
 
@@ -13,19 +12,7 @@ fn gate(args: &[&str]) -> (bool, String) {
 
 /// Run a gate with extra environment (inherited by the servers it starts).
 fn gate_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let out = Command::new("python3")
-        .args(args)
-        .envs(env.iter().copied())
-        .current_dir(root)
-        .output()
-        .expect("python3");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    common::python(args, env)
 }
 
 #[test]

@@ -11,21 +11,12 @@ use common::{fuse_or_skip, scratch_root, UringParam};
 /// Run the gate's `kind` leg with extra arguments; returns (success, output).
 fn overlay_gate(kind: &str, extra: &[&str]) -> (bool, String) {
     let work = tempfile::tempdir_in(scratch_root()).expect("tempdir");
-    let out = Command::new("python3")
-        .arg("validation/overlay_gate.py")
-        .args(["--kind", kind, "--quick", "--workdir"])
-        .arg(work.path())
-        .args(extra)
-        .args(["--agentfs", env!("CARGO_BIN_EXE_agentfs")])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("python3");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    let workdir = work.path().to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_agentfs");
+    let mut args = vec!["validation/overlay_gate.py", "--kind", kind, "--quick"];
+    args.extend(["--workdir", workdir, "--agentfs", bin]);
+    args.extend_from_slice(extra);
+    common::python(&args, &[])
 }
 
 fn assert_leg(kind: &str, extra: &[&str]) {

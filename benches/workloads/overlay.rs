@@ -391,22 +391,7 @@ pub fn run_overlay(
         let limit = median(cols[0].1.get(key));
         for (_, c, _) in &cols {
             let v = c.get(key);
-            match (&c.missing, median(v)) {
-                (Some(_), _) => s.push_str(" missing |"),
-                (None, Some(m)) => {
-                    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-                    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let ratio = limit.map_or(String::new(), |l| format!(" ({:.2}×)", m / l));
-                    let _ = write!(
-                        s,
-                        " {}{ratio} [{}–{}] |",
-                        fmt_num(m),
-                        fmt_num(lo),
-                        fmt_num(hi)
-                    );
-                }
-                (None, None) => s.push_str(" – |"),
-            }
+            super::cell(&mut s, c.missing.is_some(), v, limit);
         }
         s.push('\n');
     }

@@ -230,6 +230,15 @@ impl Overlay {
         }
     }
 
+    /// EEXIST unless `name` of delta directory `dir` is free in the merged view; the path of
+    /// the whiteout a new entry there must remove, if any.
+    fn free_name(&self, dir: Ino, name: &[u8]) -> Result<Option<Vec<u8>>, Errno> {
+        match self.presence(dir, name)? {
+            (Presence::Delta(_) | Presence::Base(_), _) => Err(Errno::EEXIST),
+            (Presence::Absent { whiteout }, path) => Ok(path.filter(|_| whiteout)),
+        }
+    }
+
     /// Whether the base has something at `path` (None: not a merged location).
     fn base_has(&self, path: Option<&[u8]>) -> Result<bool, Errno> {
         match path {
@@ -439,13 +448,9 @@ impl Overlay {
     ) -> Result<Entry, Errno> {
         let _g = self.change.lock();
         let p = self.ensure_delta_locked(parent)?;
-        let (pres, path) = self.presence(p, name)?;
-        let unwhiteout = match pres {
-            Presence::Delta(_) | Presence::Base(_) => return Err(Errno::EEXIST),
-            Presence::Absent { whiteout } => whiteout,
-        };
+        let unwhiteout = self.free_name(p, name)?;
         let fx = Effects {
-            unwhiteout: if unwhiteout { path.as_deref() } else { None },
+            unwhiteout: unwhiteout.as_deref(),
             ..Effects::NONE
         };
         let a = self.store.create_fx(p, name, kind, caller, &fx)?;
@@ -700,13 +705,9 @@ impl Filesystem for Overlay {
         }
         let x = self.ensure_delta_locked(node)?;
         let np = self.ensure_delta_locked(newparent)?;
-        let (pres, path) = self.presence(np, newname)?;
-        let unwhiteout = match pres {
-            Presence::Delta(_) | Presence::Base(_) => return Err(Errno::EEXIST),
-            Presence::Absent { whiteout } => whiteout,
-        };
+        let unwhiteout = self.free_name(np, newname)?;
         let fx = Effects {
-            unwhiteout: if unwhiteout { path.as_deref() } else { None },
+            unwhiteout: unwhiteout.as_deref(),
             ..Effects::NONE
         };
         let a = self.store.link_fx(x, np, newname, &fx)?;

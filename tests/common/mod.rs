@@ -263,3 +263,19 @@ impl Drop for UringParam {
         let _ = fs::write(URING_PARAM, &self.old);
     }
 }
+
+/// Run `python3 ARGS` from the crate root with extra environment; (success, stdout + stderr).
+pub fn python(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let out = Command::new("python3")
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("python3");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
