@@ -3,7 +3,6 @@
 
 mod common;
 
-
 use common::{fuse_or_skip, scratch_root, Mounted};
 
 fn gate(args: &[&str]) -> (bool, String) {
