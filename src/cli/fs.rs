@@ -104,10 +104,14 @@ pub fn run(a: Args) -> super::CliResult {
                 Err(e) if e == Errno::ENOENT => {
                     let (parent, name) = split_parent(path)?;
                     let p = store.resolve(parent.as_bytes()).map_err(err(parent))?;
-                    store
-                        .mknod(p, name.as_bytes(), libc::S_IFREG | 0o644, 0, caller())
-                        .map_err(err(path))?
-                        .ino
+                    match store.mknod(p, name.as_bytes(), libc::S_IFREG | 0o644, 0, caller()) {
+                        Ok(a) => a.ino,
+                        // A mounted server committed the same name since we looked.
+                        Err(e) if e == Errno::EEXIST => {
+                            store.resolve(path.as_bytes()).map_err(err(path))?
+                        }
+                        Err(e) => return Err(err(path)(e)),
+                    }
                 }
                 Err(e) => return Err(err(path)(e)),
             };
