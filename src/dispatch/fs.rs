@@ -69,6 +69,8 @@ pub trait Filesystem: Send + Sync {
     ) -> Result<(), Errno>;
     /// The kernel returned `n` references to `node`.
     fn forget(&self, node: Ino, n: u64, refs: &LookupRefs);
+    /// An entry this layer produced for `node` was not sent to the kernel after all.
+    fn unused(&self, _node: Ino) {}
     fn read(&self, node: Ino, offset: u64, size: u32) -> Result<Vec<u8>, Errno>;
     fn write(&self, node: Ino, offset: u64, data: &[u8]) -> Result<u32, Errno>;
     fn fallocate(&self, node: Ino, offset: u64, length: u64, mode: u32) -> Result<(), Errno>;

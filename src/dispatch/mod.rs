@@ -509,13 +509,24 @@ impl Dispatcher {
                     attr::entry_out(ent, self.ttl.entry, self.ttl.attr)
                 };
                 if !buf.push(&out, e.offset, attr::dirent_type(e.kind), &e.name) {
-                    // The overlay may have made a node for this entry; the kernel never saw it.
-                    if !unlinked {
-                        self.fs.forget(ent.node, 0, &self.refs);
+                    // The entries not sent (this one and the rest of the batch) carry no
+                    // reference after all.
+                    let at = batch
+                        .iter()
+                        .position(|(x, _)| x.offset == e.offset)
+                        .unwrap_or(0);
+                    for (x, en) in &batch[at..] {
+                        if x.name != b"." && x.name != b".." {
+                            self.fs.unused(en.node);
+                        }
                     }
                     return Ok(Reply::Data(buf.into_bytes()));
                 }
-                if !unlinked {
+                if unlinked {
+                    if e.name != b"." && e.name != b".." {
+                        self.fs.unused(ent.node);
+                    }
+                } else {
                     self.refs.add(ent.node, 1);
                 }
                 offset = e.offset;

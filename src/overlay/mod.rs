@@ -159,9 +159,10 @@ impl Overlay {
         a
     }
 
+    /// The entry reply for delta inode attributes `a` (a virtual node gains a reference).
     fn delta_entry(&self, a: Attr) -> Entry {
         Entry {
-            node: self.nodes.for_delta(a.ino),
+            node: self.nodes.entry_for_delta(a.ino),
             attr: self.fix(a),
         }
     }
@@ -438,6 +439,26 @@ impl Overlay {
         }
     }
 
+    /// Return `n` references of virtual node `node`; when they were its last, close its base
+    /// file, and reap what it named if that is an orphan (the orphan copy of a base file
+    /// unlinked while open never went through the reference table's orphan set; the store's
+    /// reap checks nlink itself).
+    fn release(&self, node: Ino, n: u64) {
+        if let Some(target) = self.nodes.release(node, n) {
+            self.base.close(node);
+            if let Target::Delta(x) = target {
+                self.reap(x);
+            }
+        }
+    }
+
+    fn reap(&self, x: Ino) {
+        self.partial.forget(x);
+        if let Err(e) = self.store.reap(x) {
+            tracing::error!("reaping orphan inode {} failed: {e}", x.0);
+        }
+    }
+
     /// Create `name` in `parent` (copied up first) unless the merged view has it.
     fn create(
         &self,
@@ -617,7 +638,10 @@ impl Filesystem for Overlay {
 
     fn peek(&self, parent: Ino, name: &[u8]) -> Option<Entry> {
         match self.nodes.resolve(parent)? {
-            Target::Delta(p) => self.store.lookup(p, name).ok().map(|a| self.delta_entry(a)),
+            Target::Delta(p) => self.store.lookup(p, name).ok().map(|a| Entry {
+                node: self.nodes.for_delta(a.ino),
+                attr: self.fix(a),
+            }),
             Target::Base { .. } => None,
         }
     }
@@ -886,33 +910,16 @@ impl Filesystem for Overlay {
 
     fn forget(&self, node: Ino, n: u64, refs: &LookupRefs) {
         let f = refs.forget(node, n);
-        let ino = if node.0 & nodes::VIRTUAL != 0 {
-            if !f.last {
-                return;
-            }
-            let target = self.nodes.resolve(node);
-            self.nodes.drop_node(node);
-            self.base.close(node);
-            match target {
-                // Possibly an orphan copy of an unlinked base file, which the reference table
-                // never saw as an orphan: reap checks nlink itself.
-                Some(Target::Delta(x)) => {
-                    self.partial.forget(x);
-                    if let Err(e) = self.store.reap(x) {
-                        tracing::error!("reaping orphan inode {} failed: {e}", x.0);
-                    }
-                    return;
-                }
-                _ => return,
-            }
-        } else {
-            node
-        };
-        if f.orphan_released {
-            self.partial.forget(ino);
-            if let Err(e) = self.store.reap(ino) {
-                tracing::error!("reaping orphan inode {} failed: {e}", ino.0);
-            }
+        if node.0 & nodes::VIRTUAL != 0 {
+            self.release(node, n);
+        } else if f.orphan_released {
+            self.reap(node);
+        }
+    }
+
+    fn unused(&self, node: Ino) {
+        if node.0 & nodes::VIRTUAL != 0 {
+            self.release(node, 1);
         }
     }
 
@@ -1035,13 +1042,11 @@ impl Filesystem for Overlay {
         for (e, src) in self.list(node, offset, max)? {
             let dot = e.name == b"." || e.name == b"..";
             let entry = match src {
-                Source::Delta(a) => {
-                    let mut en = self.delta_entry(a);
-                    if dot {
-                        en.node = Ino(0);
-                    }
-                    en
-                }
+                Source::Delta(a) if dot => Entry {
+                    node: Ino(0),
+                    attr: self.fix(a),
+                },
+                Source::Delta(a) => self.delta_entry(a),
                 Source::Dot(a) => Entry {
                     node: Ino(0),
                     attr: a,

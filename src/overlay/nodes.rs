@@ -67,6 +67,10 @@ struct Table {
     pending: HashMap<Vec<u8>, Ino>,
     /// Bumped by every copy-up: a lookup that saw the base before a copy-up must retry.
     generation: u64,
+    /// Kernel references per virtual node, taken under this table's lock in the same step that
+    /// finds or makes the node, so a FORGET racing a lookup can never drop a node the lookup is
+    /// about to hand out.
+    pins: HashMap<u64, u64>,
 }
 
 /// The node table shared by every thread.
@@ -92,14 +96,32 @@ impl Nodes {
         }
     }
 
+    /// [`Nodes::for_delta`] for an entry reply: a virtual node gains a reference.
+    pub fn entry_for_delta(&self, ino: Ino) -> Ino {
+        let mut t = self.table.lock();
+        match t.by_delta.get(&ino).copied() {
+            Some(n) => {
+                *t.pins.entry(n).or_insert(0) += 1;
+                Ino(n)
+            }
+            None => ino,
+        }
+    }
+
     pub fn generation(&self) -> u64 {
         self.table.lock().generation
     }
 
-    /// The node id for the base object at `path` as of `fp`; None if a copy-up happened since
-    /// generation `seen` (the caller must look again).
+    /// The node id for the base object at `path` as of `fp`, for an entry reply (it gains a
+    /// reference); None if a copy-up happened since generation `seen` (look again).
     pub fn for_base(&self, path: &[u8], fp: Option<Fingerprint>, seen: u64) -> Option<Ino> {
         let mut t = self.table.lock();
+        let n = Self::base_node(&mut t, path, fp, seen)?;
+        *t.pins.entry(n.0).or_insert(0) += 1;
+        Some(n)
+    }
+
+    fn base_node(t: &mut Table, path: &[u8], fp: Option<Fingerprint>, seen: u64) -> Option<Ino> {
         if let Some(&x) = t.pending.get(path) {
             if let Some(&n) = t.by_delta.get(&x) {
                 return Some(Ino(n));
@@ -201,21 +223,33 @@ impl Nodes {
         }
     }
 
-    /// The kernel dropped its last reference to `node`.
-    pub fn drop_node(&self, node: Ino) {
-        if node.0 & VIRTUAL == 0 {
-            return;
-        }
+    /// The kernel returned `n` references to virtual node `node` (or an entry reply carrying
+    /// it was never sent). Returns what the node named when that was its last reference: the
+    /// node is gone then.
+    pub fn release(&self, node: Ino, n: u64) -> Option<Target> {
         let mut t = self.table.lock();
-        match t.nodes.remove(&node.0) {
-            Some(Target::Base { path, .. }) if t.by_path.get(&path) == Some(&node.0) => {
-                t.by_path.remove(&path);
+        let left = match t.pins.get_mut(&node.0) {
+            Some(c) => {
+                *c = c.saturating_sub(n);
+                *c
             }
-            Some(Target::Delta(ino)) if t.by_delta.get(&ino) == Some(&node.0) => {
-                t.by_delta.remove(&ino);
+            None => 0,
+        };
+        if left > 0 {
+            return None;
+        }
+        t.pins.remove(&node.0);
+        let target = t.nodes.remove(&node.0);
+        match &target {
+            Some(Target::Base { path, .. }) if t.by_path.get(path) == Some(&node.0) => {
+                t.by_path.remove(path);
+            }
+            Some(Target::Delta(ino)) if t.by_delta.get(ino) == Some(&node.0) => {
+                t.by_delta.remove(ino);
             }
             _ => {}
         }
+        target
     }
 
     /// Virtual nodes alive.
@@ -242,7 +276,8 @@ mod tests {
         assert_eq!(n.for_base(b"/a", None, g), Some(v), "still the same node");
         n.settle(b"/a", Ino(9));
         assert_eq!(n.for_base(b"/a", None, g), None, "stale generation");
-        n.drop_node(v);
+        assert_eq!(n.release(v, 2), None, "two of three references returned");
+        assert_eq!(n.release(v, 1), Some(Target::Delta(Ino(9))));
         assert_eq!(n.for_delta(Ino(9)), Ino(9));
         assert_eq!(n.len(), 0);
     }
