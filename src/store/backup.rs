@@ -10,7 +10,7 @@
 //! and the `fs_partial_origin`/`fs_chunk_override` rows are removed. `fs_origin` rows stay: they
 //! only keep inode numbers stable and read nothing from the base.
 
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use rusqlite::{Connection, TransactionBehavior};
@@ -82,7 +82,8 @@ impl PartialOrigin {
     /// Compare the recorded fingerprint with the file on disk now. A time of 0 s and 0 ns
     /// means "not recorded" (the column default) and is not compared.
     pub fn check_base(&self) -> Result<std::fs::Metadata, String> {
-        let md = std::fs::metadata(&self.base_path).map_err(|e| {
+        // The file itself, never what a symlink put in its place points to.
+        let md = std::fs::symlink_metadata(&self.base_path).map_err(|e| {
             format!(
                 "inode {}: base file {}: {e}",
                 self.delta_ino, self.base_path
@@ -147,7 +148,11 @@ impl PartialOrigin {
                 self.delta_ino, self.base_path
             )
         };
-        let base = std::fs::File::open(&self.base_path).map_err(base_err)?;
+        let base = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.base_path)
+            .map_err(base_err)?;
         let base_len = base.metadata().map_err(base_err)?.len();
         let overrides: std::collections::HashSet<i64> = {
             let mut st = c
@@ -328,5 +333,41 @@ impl Store {
     /// Every partial-origin row (for `integrity --require-portable/--check-base`).
     pub fn partial_origins(&self) -> Result<Vec<PartialOrigin>, crate::errno::Errno> {
         self.read_tx(|c| Ok(partial_origins(c)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PartialOrigin;
+    use std::os::unix::fs::MetadataExt;
+
+    fn origin_of(path: &std::path::Path) -> PartialOrigin {
+        let md = std::fs::symlink_metadata(path).unwrap();
+        PartialOrigin {
+            delta_ino: 2,
+            base_ino: md.ino() as i64,
+            base_path: path.to_str().unwrap().to_string(),
+            base_size: md.len() as i64,
+            base_fingerprint_size: md.len() as i64,
+            base_mtime: md.mtime(),
+            base_mtime_nsec: md.mtime_nsec(),
+            base_ctime: md.ctime(),
+            base_ctime_nsec: md.ctime_nsec(),
+        }
+    }
+
+    #[test]
+    fn a_base_file_replaced_by_a_symlink_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("f");
+        std::fs::write(&f, b"base bytes").unwrap();
+        let po = origin_of(&f);
+        assert!(po.check_base().is_ok());
+        // Same size, and its target carries the recorded times: only the file type differs.
+        let outside = t.path().join("outside");
+        std::fs::rename(&f, &outside).unwrap();
+        std::os::unix::fs::symlink(&outside, &f).unwrap();
+        let err = po.check_base().unwrap_err();
+        assert!(err.contains("not a regular file"), "{err}");
     }
 }
