@@ -497,7 +497,7 @@ impl Dispatcher {
             if batch.is_empty() {
                 break;
             }
-            for (e, ent) in &batch {
+            for (i, (e, ent)) in batch.iter().enumerate() {
                 // The kernel takes no reference for "." and ".." or for a record with node id
                 // 0, which we also send for a recent victim (see `victims`): the name is
                 // listed, its attributes are not applied.
@@ -511,11 +511,7 @@ impl Dispatcher {
                 if !buf.push(&out, e.offset, attr::dirent_type(e.kind), &e.name) {
                     // The entries not sent (this one and the rest of the batch) carry no
                     // reference after all.
-                    let at = batch
-                        .iter()
-                        .position(|(x, _)| x.offset == e.offset)
-                        .unwrap_or(0);
-                    for (x, en) in &batch[at..] {
+                    for (x, en) in &batch[i..] {
                         if x.name != b"." && x.name != b".." {
                             self.fs.unused(en.node);
                         }

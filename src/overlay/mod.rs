@@ -29,7 +29,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::dispatch::{Entry, Filesystem, LookupRefs};
 use crate::errno::Errno;
-use crate::store::overlay::{join, parent_path, BaseMeta, Content, OverlayConfig};
+use crate::store::overlay::{join, last_name, parent_path, BaseMeta, Content, OverlayConfig};
 use crate::store::{
     Attr, Caller, DirEntry, Effects, Ino, Liveness, NewKind, RenameFlags, SetAttr, StatFs, Store,
     Timespec,
@@ -81,13 +81,6 @@ impl Liveness for Live<'_> {
 
 fn is_dir(mode: u32) -> bool {
     mode & libc::S_IFMT == libc::S_IFDIR
-}
-
-fn last_name(path: &[u8]) -> &[u8] {
-    match path.iter().rposition(|&b| b == b'/') {
-        Some(i) => &path[i + 1..],
-        None => path,
-    }
 }
 
 impl Overlay {
@@ -995,17 +988,13 @@ impl Filesystem for Overlay {
         len: u64,
     ) -> Result<u64, Errno> {
         let out = self.ensure_delta(node_out)?;
-        let fast = match self.resolve(node_in)? {
-            Target::Delta(i) => {
-                self.partial.get(&self.store, i)?.is_none()
-                    && self.partial.get(&self.store, out)?.is_none()
+        if let Target::Delta(i) = self.resolve(node_in)? {
+            let whole = |x| Ok::<_, Errno>(self.partial.get(&self.store, x)?.is_none());
+            if whole(i)? && whole(out)? {
+                return self.store.copy_file_range(i, off_in, out, off_out, len);
             }
-            Target::Base { .. } => false,
-        };
-        match self.resolve(node_in)? {
-            Target::Delta(i) if fast => self.store.copy_file_range(i, off_in, out, off_out, len),
-            _ => self.copy_range_slow(node_in, off_in, node_out, off_out, len),
         }
+        self.copy_range_slow(node_in, off_in, node_out, off_out, len)
     }
 
     fn fsync(&self, node: Ino) -> Result<(), Errno> {

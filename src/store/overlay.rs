@@ -390,6 +390,14 @@ impl Effects<'_> {
     };
 }
 
+/// The last component of an absolute path ("" for "/").
+pub fn last_name(path: &[u8]) -> &[u8] {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(i) => &path[i + 1..],
+        None => path,
+    }
+}
+
 /// The parent path of an absolute path ("/" for top-level names and for "/" itself).
 pub fn parent_path(path: &[u8]) -> &[u8] {
     match path.iter().rposition(|&b| b == b'/') {
@@ -493,12 +501,7 @@ impl Store {
             let rows = st.query_map([Name(dir)], |r| Ok(bytes_of(r.get_ref(0)?)))?;
             let mut out = HashSet::new();
             for r in rows {
-                let p = r?;
-                let name = match p.iter().rposition(|&b| b == b'/') {
-                    Some(i) => p[i + 1..].to_vec(),
-                    None => p,
-                };
-                out.insert(name);
+                out.insert(last_name(&r?).to_vec());
             }
             Ok(out)
         })
