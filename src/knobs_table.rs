@@ -21,6 +21,8 @@ knob_table! {
         "Answer OPEN and OPENDIR with ENOSYS so the kernel stops sending them (and RELEASE); no state is keyed to open files.";
     fuse_noflush: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOFLUSH",
         "Answer FLUSH with ENOSYS so close(2) costs no request; the kernel still writes dirty pages back before close returns.";
+    fuse_killpriv_v2: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_KILLPRIV_V2",
+        "Clear set-id bits on write, truncate and chown in the server (FUSE_HANDLE_KILLPRIV_V2), so the kernel stops asking for security.capability before every write(2) (0 = the kernel does it all).";
     fuse_workers: U64 = 4, [0, 64], Policy, "AGENTFS_FUSE_WORKERS",
         "Worker threads that run requests, sharded by inode; 0 runs each request on the transport thread that read it.";
     fuse_parallel_dirops: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_PARALLEL_DIROPS",

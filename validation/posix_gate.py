@@ -36,6 +36,7 @@ import os
 import random
 import socket
 import stat
+import struct
 import sys
 import threading
 import time
@@ -1038,6 +1039,23 @@ def _(t):
     expect_eq(stat.S_IMODE(os.stat(t.p("f")).st_mode), 0o777, "mode after unprivileged truncate")
 
 
+@check("perm.root_write_keeps_setid")
+def _(t):
+    need_root()
+    write_file(t.p("f"), b"x")
+    os.chmod(t.p("f"), 0o6755)
+    # A writer with CAP_FSETID (root) keeps S_ISUID and S_ISGID, on write and on truncate.
+    fd = os.open(t.p("f"), os.O_RDWR)
+    try:
+        os.pwrite(fd, b"root", 0)
+        os.fsync(fd)
+        expect_eq(stat.S_IMODE(os.stat(t.p("f")).st_mode), 0o6755, "mode after root write")
+        os.ftruncate(fd, 2)
+        expect_eq(stat.S_IMODE(os.stat(t.p("f")).st_mode), 0o6755, "mode after root truncate")
+    finally:
+        os.close(fd)
+
+
 @check("perm.root_bypasses_dac")
 def _(t):
     need_root()
@@ -1781,6 +1799,45 @@ def _(t):
               b"readable", "xattr read by user")
     user_errno(errno.EACCES, lambda: os.setxattr("f", "user.w", b"1"), "setxattr without write access",
                cwd=t.dir)
+
+
+# A version 2 file capability (VFS_CAP_REVISION_2 | effective) granting CAP_NET_BIND_SERVICE.
+CAPS_NAME = "security.capability"
+CAPS_VALUE = struct.pack("<5I", 0x02000001, 1 << 10, 0, 0, 0)
+
+
+def _set_caps(path):
+    try:
+        os.setxattr(path, CAPS_NAME, CAPS_VALUE)
+    except OSError as e:
+        if e.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise Skip("security xattrs not supported here (ENOTSUP)")
+        raise
+    expect_eq(os.getxattr(path, CAPS_NAME), CAPS_VALUE, "capabilities as set")
+
+
+@check("xattr.modification_drops_capabilities")
+def _(t):
+    need_root()
+    write_file(t.p("f"), b"x")
+    fd = os.open(t.p("f"), os.O_RDWR)
+    try:
+        # The inode's first write comes first: a kernel may stop checking after it.
+        os.pwrite(fd, b"a", 0)
+        # Linux: writing a file drops its capabilities, even when root writes.
+        _set_caps(t.p("f"))
+        os.pwrite(fd, b"b", 1)
+        os.fsync(fd)
+        expect_errno(errno.ENODATA, os.getxattr, t.p("f"), CAPS_NAME, what="capabilities after a write")
+        _set_caps(t.p("f"))
+        os.ftruncate(fd, 1)
+        expect_errno(errno.ENODATA, os.getxattr, t.p("f"), CAPS_NAME,
+                     what="capabilities after a truncate")
+        _set_caps(t.p("f"))
+        os.chown(t.p("f"), UID_A, GID_A)
+        expect_errno(errno.ENODATA, os.getxattr, t.p("f"), CAPS_NAME, what="capabilities after a chown")
+    finally:
+        os.close(fd)
 
 
 # ==========================================================================

@@ -251,9 +251,11 @@ mod tests {
 
     #[test]
     fn entry_change_drops_name_listing_and_parent_attrs() {
+        // 64 lookups over 16 shards: 4 per shard, so the two names cannot evict each other
+        // whichever shards they hash to.
         let c = Caches::new(CacheConfig {
             attr: 8,
-            lookup: 8,
+            lookup: 64,
             readdir: 8,
         });
         let t = c.ticket();

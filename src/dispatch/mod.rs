@@ -6,6 +6,7 @@
 mod acl;
 mod attr;
 pub mod fs;
+mod privs;
 mod refs;
 pub mod shards;
 mod victims;
@@ -89,6 +90,13 @@ impl Dispatcher {
             .is_some_and(|n| n.flags & abi::FUSE_WRITEBACK_CACHE != 0)
     }
 
+    /// Whether the server clears set-id bits and capabilities (see `privs`).
+    fn killpriv(&self) -> bool {
+        self.negotiated
+            .get()
+            .is_some_and(|n| n.flags & abi::FUSE_HANDLE_KILLPRIV_V2 != 0)
+    }
+
     /// Answer INIT: take the intersection of what the kernel offers and what we want.
     /// `ring`: the io_uring queues are ready, so FUSE_OVER_IO_URING may be requested.
     pub fn init(
@@ -130,6 +138,9 @@ impl Dispatcher {
         }
         if !k.fuse_writeback_cache {
             want &= !abi::FUSE_WRITEBACK_CACHE;
+        }
+        if k.fuse_killpriv_v2 {
+            want |= abi::FUSE_HANDLE_KILLPRIV_V2;
         }
         if ring {
             want |= abi::FUSE_OVER_IO_URING;
@@ -251,9 +262,14 @@ impl Dispatcher {
             Operation::Read { offset, size, .. } => {
                 self.fs.read(ino, *offset, *size).map(Reply::Data)
             }
-            Operation::Write { offset, data, .. } => self
-                .fs
-                .write(ino, *offset, data)
+            Operation::Write {
+                offset,
+                data,
+                write_flags,
+                ..
+            } => self
+                .before_write(ino, write_flags & abi::FUSE_WRITE_KILL_SUIDGID != 0)
+                .and_then(|_| self.fs.write(ino, *offset, data))
                 .map(|n| Reply::Data(reply::write(n))),
             Operation::Release { .. }
             | Operation::Releasedir { .. }
@@ -291,8 +307,8 @@ impl Dispatcher {
                 mode,
                 ..
             } => self
-                .fs
-                .fallocate(ino, *offset, *length, *mode)
+                .before_write(ino, caller.uid != 0)
+                .and_then(|_| self.fs.fallocate(ino, *offset, *length, *mode))
                 .map(|_| empty()),
             // With the writeback cache, dirty pages the kernel has not sent yet are invisible
             // to the chunk map (the kernel does not flush before LSEEK), so a hole we report
@@ -311,8 +327,11 @@ impl Dispatcher {
                 wide,
                 ..
             } => self
-                .fs
-                .copy_file_range(ino, *off_in, Ino(*nodeid_out), *off_out, *len)
+                .before_write(Ino(*nodeid_out), caller.uid != 0)
+                .and_then(|_| {
+                    self.fs
+                        .copy_file_range(ino, *off_in, Ino(*nodeid_out), *off_out, *len)
+                })
                 .map(|n| {
                     Reply::Data(if *wide {
                         reply::copy_file_range_64(n)
@@ -394,6 +413,15 @@ impl Dispatcher {
         Ok(Reply::Data(reply::create(&entry, &self.open_out())))
     }
 
+    /// With HANDLE_KILLPRIV_V2, what the kernel left to us before a file's data changes:
+    /// `suidgid` when the writer lacks CAP_FSETID.
+    fn before_write(&self, ino: Ino, suidgid: bool) -> Result<(), Errno> {
+        if suidgid && self.killpriv() {
+            privs::before_write(self.fs.as_ref(), ino)?;
+        }
+        Ok(())
+    }
+
     fn setattr(&self, ino: Ino, s: &abi::SetattrIn) -> Result<Reply, Errno> {
         let time = |t: Option<abi::SetTime>| {
             t.map(|t| match t {
@@ -401,8 +429,18 @@ impl Dispatcher {
                 abi::SetTime::At { sec, nsec } => TimeSet::At(Timespec { sec, nsec }),
             })
         };
+        let mut mode = s.mode().map(|m| m & 0o7777);
+        if s.kill_suidgid() && self.killpriv() {
+            let a = self.fs.getattr(ino)?;
+            if a.mode & libc::S_IFMT != libc::S_IFDIR {
+                let perm = mode.unwrap_or(a.mode & 0o7777);
+                if privs::killed(perm) != perm || mode.is_some() {
+                    mode = Some(privs::killed(perm));
+                }
+            }
+        }
         let set = SetAttr {
-            mode: s.mode().map(|m| m & 0o7777),
+            mode,
             uid: s.uid(),
             gid: s.gid(),
             size: s.size(),
