@@ -101,6 +101,14 @@ def build_fixture(d):
         os.makedirs(os.path.join(d, "tree", "d%d" % i, "e"))
         write_file(os.path.join(d, "tree", "d%d" % i, "f"), pattern(300 + i, seed=i))
         write_file(os.path.join(d, "tree", "d%d" % i, "e", "g"), b"g%d" % i)
+    write_file(os.path.join(d, "tagged"), b"tagged\n")
+    os.mkdir(os.path.join(d, "tagdir"))
+    try:
+        os.setxattr(os.path.join(d, "tagged"), "user.origin", b"base")
+        os.setxattr(os.path.join(d, "tagdir"), "user.dir", b"d")
+    except OSError as e:
+        if e.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
     os.mkdir(os.path.join(d, "many"))
     for i in range(300):
         write_file(os.path.join(d, "many", "b%03d" % i), b"%d" % i)
@@ -435,6 +443,29 @@ def _(t):
             raise Skip("user xattrs not supported")
         raise
     expect_eq(os.getxattr(t.p("medium.bin"), "user.gate"), b"v1", "xattr after copy-up")
+
+
+@check("copyup.base_xattrs")
+def _(t):
+    # The base's extended attributes show through, are copied up with the object, and
+    # removing one hides it in the merged view only.
+    try:
+        base_has = os.getxattr(base_of(t, "tagged"), "user.origin")
+    except OSError as e:
+        if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise Skip("the base filesystem has no user xattrs")
+        raise
+    expect_eq(os.getxattr(t.p("tagged"), "user.origin"), base_has, "base xattr through the mount")
+    expect("user.origin" in os.listxattr(t.p("tagged")), "base xattr not listed")
+    expect_eq(os.getxattr(t.p("tagdir"), "user.dir"), b"d", "base directory xattr")
+    expect(not LEG.in_delta(MOUNT, rel_of(t, "tagged")), "reading xattrs copied the file up")
+    _copied_up(t, "tagged", lambda p: os.chmod(p, 0o600), lambda b: b)
+    expect_eq(os.getxattr(t.p("tagged"), "user.origin"), b"base", "xattr kept by copy-up")
+    os.removexattr(t.p("tagdir"), "user.dir")
+    expect_errno(errno.ENODATA, os.getxattr, t.p("tagdir"), "user.dir", what="removed base xattr")
+    expect("user.dir" not in os.listxattr(t.p("tagdir")), "removed base xattr still listed")
+    expect_eq(os.getxattr(base_of(t, "tagdir"), "user.dir"), b"d", "base directory xattr after removal")
+    expect_eq(os.getxattr(base_of(t, "tagged"), "user.origin"), b"base", "base file xattr")
 
 
 @check("copyup.owner_and_mode_kept")

@@ -94,6 +94,11 @@ impl BaseLayer {
         }
     }
 
+    /// The extended attributes of `path` (name, value), in name order.
+    pub fn xattrs(&self, path: &[u8]) -> Result<crate::sys::beneath::Xattrs, Errno> {
+        Ok(self.tree.xattrs(rel(path))?)
+    }
+
     pub fn readlink(&self, path: &[u8]) -> Result<Vec<u8>, Errno> {
         Ok(self.tree.read_link(rel(path))?)
     }

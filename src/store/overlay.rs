@@ -440,7 +440,7 @@ pub enum Content<'a> {
 }
 
 /// A base object's metadata, kept by its copy.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct BaseMeta {
     pub mode: u32,
     pub uid: u32,
@@ -452,6 +452,8 @@ pub struct BaseMeta {
     pub ctime: Timespec,
     /// The base st_ino, recorded in fs_origin.
     pub ino: u64,
+    /// Extended attributes (name, value).
+    pub xattrs: crate::sys::beneath::Xattrs,
 }
 
 impl Store {
@@ -604,6 +606,7 @@ impl Store {
                 "INSERT OR REPLACE INTO fs_origin (delta_ino, base_ino) VALUES (?1, ?2)",
             )?
             .execute((sql_ino(ino)?, base_ino))?;
+            super::xattr::copy_in(c, ino, &meta.xattrs)?;
             match content {
                 Content::Dir | Content::Special => {}
                 Content::Symlink(t) => {

@@ -59,6 +59,17 @@ pub fn set(
     touch_c(c, ino, now)
 }
 
+/// Give new inode `ino` the attributes of the object it copies, leaving its times alone.
+pub fn copy_in(c: &Connection, ino: Ino, attrs: &[(Vec<u8>, Vec<u8>)]) -> Result<(), Errno> {
+    let mut st =
+        c.prepare_cached("INSERT OR REPLACE INTO fs_xattr (ino, name, value) VALUES (?1, ?2, ?3)")?;
+    for (name, value) in attrs {
+        check_name(name)?;
+        st.execute((sql_ino(ino)?, name, value))?;
+    }
+    Ok(())
+}
+
 pub fn get(c: &Connection, ino: Ino, name: &[u8]) -> Result<Vec<u8>, Errno> {
     check_name(name)?;
     meta(c, ino)?;

@@ -22,6 +22,9 @@ pub struct Stat {
     pub raw: libc::stat,
 }
 
+/// Extended attributes: (name, value) pairs.
+pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// One directory entry: name, DT_* type and inode number.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Dirent {
@@ -174,6 +177,49 @@ impl Beneath {
         }
         buf.truncate(n as usize);
         Ok(buf)
+    }
+
+    /// The extended attributes of `rel` (name, value), in name order. A symlink has none here:
+    /// its own attributes cannot be reached without following it. A filesystem without
+    /// extended attributes has none.
+    pub fn xattrs(&self, rel: &[u8]) -> io::Result<Xattrs> {
+        let fd = self.open_at(rel, libc::O_PATH)?;
+        if fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            return Ok(Vec::new());
+        }
+        // An O_PATH descriptor serves no *xattr call itself; its /proc link reaches the object
+        // it was opened on (not a path that could have been swapped since).
+        let at = cstr(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_bytes())?;
+        // SAFETY: `at` is NUL-terminated; each call writes at most the length it is given.
+        let names = xattr_buf(|buf| unsafe {
+            libc::listxattr(at.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        });
+        let names = match names {
+            Ok(n) => n,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTSUP)) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+            let cname = cstr(name)?;
+            // SAFETY: as above.
+            let value = xattr_buf(|buf| unsafe {
+                libc::getxattr(
+                    at.as_ptr(),
+                    cname.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            });
+            match value {
+                Ok(v) => out.push((name.to_vec(), v)),
+                // Removed since it was listed.
+                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        out.sort();
+        Ok(out)
     }
 
     /// The names in directory `rel` ("" for the root), sorted, without "." and "..".
@@ -331,6 +377,26 @@ fn to_stat(st: &libc::stat) -> Stat {
 }
 
 /// fstat(2) of an open descriptor (an O_PATH one included).
+/// Run a list/get xattr call into a buffer that grows until the answer fits.
+fn xattr_buf(call: impl Fn(&mut [u8]) -> libc::ssize_t) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    loop {
+        let n = call(&mut buf);
+        if n >= 0 {
+            buf.truncate(n as usize);
+            return Ok(buf);
+        }
+        let e = io::Error::last_os_error();
+        // ERANGE: it grew between the size query and the read; XATTR_SIZE_MAX caps the loop.
+        if e.raw_os_error() != Some(libc::ERANGE) || buf.len() > 1 << 20 {
+            return Err(e);
+        }
+        let want = call(&mut []);
+        let want = usize::try_from(want).map_err(|_| io::Error::last_os_error())?;
+        buf.resize(want.max(buf.len() * 2), 0);
+    }
+}
+
 pub fn fstat(fd: &impl AsRawFd) -> io::Result<libc::stat> {
     // SAFETY: all-zero is a valid `stat`; the kernel fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
