@@ -463,6 +463,36 @@ fn partial_origin_backup_materialize_and_base_checks() {
     assert!(!m2.exists());
 }
 
+/// A recorded base path is canonical: once one of its directories is a symlink (here to the
+/// very same directory, moved), the base is not followed there but reported and refused.
+#[test]
+fn partial_origin_base_behind_a_symlinked_directory_is_refused() {
+    let d = scratch();
+    let db = populated(d.path());
+    let ino: i64 = query(&db, "SELECT ino FROM fs_dentry WHERE name = 'a'");
+    let dir = d.path().join("basedir");
+    fs::create_dir(&dir).unwrap();
+    let base = dir.join("base-a");
+    fs::write(&base, fixtures::pattern(10_000, 5)).unwrap();
+    make_partial(&db, ino, &base);
+    assert_eq!(integrity_json(&db, &["--check-base"]).0, 0);
+    let moved = d.path().join("moved");
+    fs::rename(&dir, &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, &dir).unwrap();
+    let (code, found) = integrity_json(&db, &["--check-base"]);
+    assert_eq!(code, 1, "a symlinked parent was followed: {found:?}");
+    assert!(
+        found.iter().all(|(r, _)| r == "base_fingerprint"),
+        "{found:?}"
+    );
+    let m = d.path().join("m.db");
+    one_line_error(
+        &agentfs(&["materialize", s(&db), "--output", s(&m)]),
+        "symbolic links",
+    );
+    assert!(!m.exists());
+}
+
 #[test]
 fn fsck_reports_then_repairs_idempotently() {
     let d = scratch();

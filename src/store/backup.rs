@@ -10,7 +10,7 @@
 //! and the `fs_partial_origin`/`fs_chunk_override` rows are removed. `fs_origin` rows stay: they
 //! only keep inode numbers stable and read nothing from the base.
 
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 
 use rusqlite::{Connection, TransactionBehavior};
@@ -82,13 +82,16 @@ impl PartialOrigin {
     /// Compare the recorded fingerprint with the file on disk now. A time of 0 s and 0 ns
     /// means "not recorded" (the column default) and is not compared.
     pub fn check_base(&self) -> Result<std::fs::Metadata, String> {
-        // The file itself, never what a symlink put in its place points to.
-        let md = std::fs::symlink_metadata(&self.base_path).map_err(|e| {
-            format!(
-                "inode {}: base file {}: {e}",
-                self.delta_ino, self.base_path
-            )
-        })?;
+        // The file itself, never what a symlink put in its place (or in place of one of its
+        // directories) points to.
+        let md = crate::sys::beneath::open_no_symlinks(Path::new(&self.base_path), libc::O_PATH)
+            .and_then(|f| f.metadata())
+            .map_err(|e| {
+                format!(
+                    "inode {}: base file {}: {e}",
+                    self.delta_ino, self.base_path
+                )
+            })?;
         let what = |field: &str, want: String, got: String| {
             format!(
                 "inode {}: base file {} changed: {field} recorded {want}, now {got}",
@@ -148,11 +151,11 @@ impl PartialOrigin {
                 self.delta_ino, self.base_path
             )
         };
-        let base = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&self.base_path)
-            .map_err(base_err)?;
+        let base = crate::sys::beneath::open_no_symlinks(
+            Path::new(&self.base_path),
+            libc::O_RDONLY | libc::O_NONBLOCK,
+        )
+        .map_err(base_err)?;
         let base_len = base.metadata().map_err(base_err)?.len();
         let overrides: std::collections::HashSet<i64> = {
             let mut st = c

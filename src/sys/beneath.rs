@@ -93,32 +93,12 @@ impl Beneath {
     /// openat2 beneath the root without following any symlink.
     fn open_at(&self, rel: &[u8], flags: libc::c_int) -> io::Result<OwnedFd> {
         let path = cstr(if rel.is_empty() { b"." } else { rel })?;
-        // SAFETY: open_how is plain data; all-zero is its documented "no options" value.
-        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-        how.flags = (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64;
-        how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS;
-        loop {
-            // SAFETY: openat2 reads `path` (NUL-terminated) and `how` (a valid open_how of the
-            // size passed); the returned fd is checked and then owned.
-            let fd = unsafe {
-                libc::syscall(
-                    libc::SYS_openat2,
-                    self.root.as_raw_fd(),
-                    path.as_ptr(),
-                    &how as *const libc::open_how,
-                    std::mem::size_of::<libc::open_how>(),
-                )
-            };
-            if fd >= 0 {
-                // SAFETY: `fd` was just returned by openat2 and is owned by nothing else.
-                return Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) });
-            }
-            let e = io::Error::last_os_error();
-            // EAGAIN: a concurrent rename raced the resolution; trying again is safe.
-            if e.raw_os_error() != Some(libc::EAGAIN) {
-                return Err(e);
-            }
-        }
+        openat2(
+            self.root.as_raw_fd(),
+            &path,
+            flags,
+            libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
+        )
     }
 
     /// The directory holding `rel` (resolved beneath the root) and the last component.
@@ -377,6 +357,55 @@ fn to_stat(st: &libc::stat) -> Stat {
 }
 
 /// fstat(2) of an open descriptor (an O_PATH one included).
+/// openat2 of `path` relative to `dir` with `resolve` flags, never following the last
+/// component (O_NOFOLLOW); retried while a concurrent rename makes it EAGAIN.
+fn openat2(
+    dir: libc::c_int,
+    path: &std::ffi::CStr,
+    flags: libc::c_int,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
+    // SAFETY: open_how is plain data; all-zero is its documented "no options" value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64;
+    how.resolve = resolve;
+    loop {
+        // SAFETY: openat2 reads `path` (NUL-terminated) and `how` (a valid open_how of the
+        // size passed); the returned fd is checked and then owned.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir,
+                path.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: `fd` was just returned by openat2 and is owned by nothing else.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) });
+        }
+        let e = io::Error::last_os_error();
+        // EAGAIN: a concurrent rename raced the resolution; trying again is safe.
+        if e.raw_os_error() != Some(libc::EAGAIN) {
+            return Err(e);
+        }
+    }
+}
+
+/// Open absolute path `abs` with `flags`, refusing a symlink in any component, the last
+/// included (ELOOP): for host paths recorded in canonical form, which a symlink put in place
+/// of one of their directories must not redirect.
+pub fn open_no_symlinks(abs: &Path, flags: libc::c_int) -> io::Result<File> {
+    let path = cstr(abs.as_os_str().as_bytes())?;
+    Ok(File::from(openat2(
+        libc::AT_FDCWD,
+        &path,
+        flags,
+        libc::RESOLVE_NO_SYMLINKS,
+    )?))
+}
+
 /// Run a list/get xattr call into a buffer that grows until the answer fits.
 fn xattr_buf(call: impl Fn(&mut [u8]) -> libc::ssize_t) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; 256];
