@@ -82,3 +82,90 @@ fn overlay_gate_passes_on_agentfs_over_dev_fuse() {
 fn overlay_gate_passes_on_agentfs_over_io_uring() {
     agentfs_leg("overlay_gate_passes_on_agentfs_over_io_uring", "Y");
 }
+
+/// A tmpfs mounted for a test; detached when dropped (lazily: a server that still holds the
+/// base open when a failed test unwinds must not keep it mounted).
+struct Tmpfs(std::path::PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Inode numbers of objects made in the overlay never equal those of base objects, even when
+/// both count from 1: a fresh tmpfs numbers its inodes 1, 2, 3, ... and so does a fresh delta.
+/// Each name's d_ino is its st_ino, and a copy keeps the base's.
+#[test]
+fn overlay_inode_numbers_never_collide_with_the_base() {
+    use std::collections::HashMap;
+    use std::os::unix::fs::{DirEntryExt, MetadataExt};
+    if !fuse_or_skip("overlay_inode_numbers_never_collide_with_the_base") {
+        return;
+    }
+    let mut m = common::Mounted::unmounted();
+    let base = m.dir.path().join("base");
+    std::fs::create_dir(&base).unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "none"])
+        .arg(&base)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mount tmpfs");
+    let _tmpfs = Tmpfs(base.clone());
+    for i in 0..40 {
+        std::fs::write(base.join(format!("b{i:02}")), b"base").unwrap();
+    }
+    std::fs::create_dir(base.join("bdir")).unwrap();
+    let base_inos: Vec<u64> = (0..40)
+        .map(|i| {
+            std::fs::metadata(base.join(format!("b{i:02}")))
+                .unwrap()
+                .ino()
+        })
+        .collect();
+    assert!(
+        base_inos.iter().all(|&i| i < 100),
+        "tmpfs numbers from 1: {base_inos:?}"
+    );
+    let out = common::agentfs(&[
+        "init",
+        m.db.to_str().unwrap(),
+        "--base",
+        base.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    m.mount();
+    for i in 0..40 {
+        std::fs::write(m.path(&format!("n{i:02}")), b"new").unwrap();
+    }
+    std::fs::create_dir(m.path("ndir")).unwrap();
+    // A copy-up (chmod) keeps the base's number.
+    std::fs::set_permissions(
+        m.path("b07"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    assert_eq!(
+        std::fs::metadata(m.path("b07")).unwrap().ino(),
+        base_inos[7]
+    );
+    let mut seen: HashMap<u64, String> = HashMap::new();
+    for e in std::fs::read_dir(&m.mnt).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().to_string();
+        let ino = std::fs::symlink_metadata(e.path()).unwrap().ino();
+        assert_eq!(e.ino(), ino, "d_ino of {name}");
+        if let Some(other) = seen.insert(ino, name.clone()) {
+            panic!("{name} and {other} share st_ino {ino}");
+        }
+    }
+    assert_eq!(seen.len(), 82, "every name listed once");
+    m.unmount();
+    common::assert_consistent(&m.db);
+}

@@ -40,6 +40,10 @@ use nodes::{Fingerprint, Nodes, Target};
 
 /// Readdir cookies at and above this number index the base part of a listing.
 const BASE_COOKIE: u64 = 1 << 62;
+/// Set in the st_ino of every object that is not a copy of a base object (and of the root),
+/// so it never equals the inode number of a base object below 2^63 (all of them on ext4, xfs,
+/// btrfs and tmpfs; a base on overlayfs with xino may use the top bits).
+const DELTA_INO_BIT: u64 = 1 << 63;
 /// How often a lookup retries when a copy-up raced it.
 const RETRIES: usize = 16;
 
@@ -137,8 +141,9 @@ impl Overlay {
         Ok(p)
     }
 
-    /// Attributes as the mount shows them: st_ino of the base for copies, and link count 1
-    /// for merged directories (their subdirectories are not counted), as overlayfs does.
+    /// Attributes as the mount shows them: st_ino of the base for copies, the delta inode
+    /// number with [`DELTA_INO_BIT`] for everything else, and link count 1 for merged
+    /// directories (their subdirectories are not counted), as overlayfs does.
     fn fix(&self, mut a: Attr) -> Attr {
         let origin = self.origins.read().get(&a.ino).copied();
         if let Some(b) = origin {
@@ -146,8 +151,11 @@ impl Overlay {
                 a.nlink = 1;
             }
             a.ino = Ino(b);
-        } else if a.ino == Ino::ROOT {
-            a.nlink = 1;
+        } else {
+            if a.ino == Ino::ROOT {
+                a.nlink = 1;
+            }
+            a.ino = Ino(a.ino.0 | DELTA_INO_BIT);
         }
         a
     }
@@ -289,6 +297,8 @@ impl Overlay {
             } => {
                 let st = self.current(&path, Some(fp))?;
                 let x = self.store_copy(None, &path, &st, false, &|_| {})?;
+                // Before the node names it, so the copy never shows another st_ino.
+                self.origins.write().insert(x, st.st_ino);
                 self.nodes.orphan_copied(node, x);
                 Ok(x)
             }

@@ -72,7 +72,18 @@ impl Mounted {
         Self::build(&[], wrapper)
     }
 
+    /// The scratch dir and its paths, not mounted yet (to prepare the database first).
+    pub fn unmounted() -> Self {
+        Self::scratch(&[], &[])
+    }
+
     fn build(env: &[(&str, &str)], wrapper: &[&str]) -> Self {
+        let mut m = Self::scratch(env, wrapper);
+        m.mount();
+        m
+    }
+
+    fn scratch(env: &[(&str, &str)], wrapper: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("agentfs-test-")
             .tempdir_in(scratch_root())
@@ -80,7 +91,7 @@ impl Mounted {
         let db = dir.path().join("db.sqlite");
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).expect("mkdir mnt");
-        let mut m = Mounted {
+        Mounted {
             dir,
             db,
             mnt,
@@ -90,9 +101,7 @@ impl Mounted {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
-        };
-        m.mount();
-        m
+        }
     }
 
     /// Start the server in the foreground and wait until the mount is live.
