@@ -382,6 +382,8 @@ fn integrity_detects_sqlite_level_damage() {
 /// override chunk 1 (which holds 4096 bytes of 0xEE).
 fn make_partial(db: &Path, ino: i64, base: &Path) {
     use std::os::unix::fs::MetadataExt;
+    // Recorded base paths are canonical.
+    let base = &fs::canonicalize(base).unwrap();
     let md = fs::metadata(base).unwrap();
     let c = Connection::open(db).unwrap();
     c.execute(

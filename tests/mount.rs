@@ -349,15 +349,27 @@ fn access_acls_set_the_mode() {
     assert_eq!(n as usize, acl.len(), "an extended ACL is kept");
 }
 
-/// Requests the server `pid` has served so far, on both transports, as its status record
-/// says (refreshed every half second).
+/// Requests the server `pid` has served so far, on both transports, from its status record
+/// (rewritten every half second): read until two readings 0.6 s apart agree, so the count is
+/// settled and the record has been rewritten in between.
 fn served(pid: u32) -> u64 {
-    std::thread::sleep(std::time::Duration::from_millis(1200));
-    agentfs::sys::registry::live()
-        .into_iter()
-        .find(|r| r.pid == pid)
-        .map(|r| r.ring_requests + r.devfuse_requests)
-        .expect("the server's status record")
+    let read = || {
+        agentfs::sys::registry::live()
+            .into_iter()
+            .find(|r| r.pid == pid)
+            .map(|r| r.ring_requests + r.devfuse_requests)
+            .expect("the server's status record")
+    };
+    let mut last = read();
+    for _ in 0..50 {
+        std::thread::sleep(std::time::Duration::from_millis(600));
+        let now = read();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    panic!("the request count of server {pid} never settled");
 }
 
 /// 2,000 write(2)s of 4 KiB into one file, then fsync.
@@ -370,10 +382,11 @@ fn small_writes(path: &std::path::Path) {
     f.sync_all().unwrap();
 }
 
-/// With FUSE_HANDLE_KILLPRIV_V2 the server clears set-id bits and capabilities itself, so
-/// the kernel stops asking for security.capability before each write(2): with the default
-/// writeback cache 2,000 small writes cost a handful of requests, against one per call
-/// when the kill switch hands the job back to the kernel.
+/// With FUSE_HANDLE_KILLPRIV_V2 the server clears set-id bits itself, so the kernel stops
+/// asking for security.capability before each write(2): with the default writeback cache
+/// 2,000 small writes cost a handful of requests (a GETXATTR again after each attribute
+/// refresh, every second at most), against one per call when the kill switch hands the job
+/// back to the kernel.
 #[test]
 fn small_writes_cost_no_request_each() {
     if !fuse_or_skip("small_writes_cost_no_request_each") {

@@ -7,8 +7,10 @@
 //! the rest to us:
 //! * WRITE carries FUSE_WRITE_KILL_SUIDGID when the writer lacks CAP_FSETID; SETATTR carries
 //!   FATTR_KILL_SUIDGID for a chown of a non-directory, and for a truncate by a caller
-//!   without CAP_FSETID. S_ISUID is cleared, and S_ISGID when group execute is set (without
-//!   it the bit marks mandatory locking and stays), as the VFS does.
+//!   without CAP_FSETID. S_ISUID is cleared, and S_ISGID when group execute is set, as the
+//!   protocol's description of the flag says. (Since Linux 6.2 the VFS also clears S_ISGID
+//!   without group execute when the writer is not in the file's group; the server does not
+//!   know the writer's groups, so such a file keeps the bit here.)
 //! * File capabilities stay the kernel's job: it still asks once per inode, again after every
 //!   attribute refresh (which clears S_NOSEC), and whenever an attribute in security.* is
 //!   set through the mount, and drops them itself.

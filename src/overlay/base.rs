@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use super::nodes::Fingerprint;
 use crate::errno::Errno;
 use crate::store::{Attr, Ino, Timespec};
-use crate::sys::beneath::{Beneath, Dirent};
+use crate::sys::beneath::{Beneath, Dirent, XattrHandle, Xattrs};
 
 /// Listings of base directories kept between READDIR calls of one pass.
 const LISTINGS_CAP: usize = 64;
@@ -94,9 +94,43 @@ impl BaseLayer {
         }
     }
 
-    /// The extended attributes of `path` (name, value), in name order.
-    pub fn xattrs(&self, path: &[u8]) -> Result<crate::sys::beneath::Xattrs, Errno> {
-        Ok(self.tree.xattrs(rel(path))?)
+    /// The base object at `path`, held for reading its extended attributes.
+    pub fn xattrs(&self, path: &[u8]) -> Result<XattrHandle, Errno> {
+        Ok(self.tree.xattr_handle(rel(path))?)
+    }
+
+    /// The extended attributes a copy of the base object at `path` (stat `st`) takes along.
+    /// EIO when another object is there now. An attribute that cannot be read is left out with
+    /// a warning (the copy matters more than it); so are all of them when none can be listed.
+    pub fn xattrs_to_copy(&self, path: &[u8], st: &libc::stat) -> Result<Xattrs, Errno> {
+        let h = self.xattrs(path)?;
+        if (h.stat.st_dev, h.stat.st_ino) != (st.st_dev, st.st_ino) {
+            return Err(Errno::EIO);
+        }
+        let shown = || String::from_utf8_lossy(path).into_owned();
+        let names = match h.names() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(
+                    "copy-up of {}: extended attributes not copied: {e}",
+                    shown()
+                );
+                return Ok(Vec::new());
+            }
+        };
+        let mut out = Vec::new();
+        for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+            match h.get(name) {
+                Ok(v) => out.push((name.to_vec(), v)),
+                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+                Err(e) => tracing::warn!(
+                    "copy-up of {}: extended attribute {} not copied: {e}",
+                    shown(),
+                    String::from_utf8_lossy(name)
+                ),
+            }
+        }
+        Ok(out)
     }
 
     pub fn readlink(&self, path: &[u8]) -> Result<Vec<u8>, Errno> {

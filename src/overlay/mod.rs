@@ -396,7 +396,7 @@ impl Overlay {
             mtime: ts(st.st_mtime, st.st_mtime_nsec),
             ctime: ts(st.st_ctime, st.st_ctime_nsec),
             ino: st.st_ino,
-            xattrs: self.base.xattrs(path)?,
+            xattrs: self.base.xattrs_to_copy(path, st)?,
         };
         let no_check = || Ok(());
         let store = &self.store;
@@ -1093,27 +1093,14 @@ impl Filesystem for Overlay {
     fn getxattr(&self, node: Ino, name: &[u8]) -> Result<Vec<u8>, Errno> {
         match self.resolve(node)? {
             Target::Delta(x) => self.store.getxattr(x, name),
-            Target::Base { path, .. } => self
-                .base
-                .xattrs(&path)?
-                .into_iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v)
-                .ok_or(Errno::ENODATA),
+            Target::Base { path, .. } => Ok(self.base.xattrs(&path)?.get(name)?),
         }
     }
 
     fn listxattr(&self, node: Ino) -> Result<Vec<u8>, Errno> {
         match self.resolve(node)? {
             Target::Delta(x) => self.store.listxattr(x),
-            Target::Base { path, .. } => {
-                let mut out = Vec::new();
-                for (name, _) in self.base.xattrs(&path)? {
-                    out.extend_from_slice(&name);
-                    out.push(0);
-                }
-                Ok(out)
-            }
+            Target::Base { path, .. } => Ok(self.base.xattrs(&path)?.names()?),
         }
     }
 
@@ -1121,9 +1108,7 @@ impl Filesystem for Overlay {
         match self.resolve(node)? {
             Target::Delta(x) => self.store.removexattr(x, name),
             Target::Base { path, .. } => {
-                if !self.base.xattrs(&path)?.iter().any(|(n, _)| n == name) {
-                    return Err(Errno::ENODATA);
-                }
+                self.base.xattrs(&path)?.get(name)?;
                 let x = self.ensure_delta(node)?;
                 self.store.removexattr(x, name)
             }

@@ -147,16 +147,18 @@ impl Partials {
 impl PartialFile {
     /// The base file, after checking it is still the recorded version; and its length.
     fn base_file(&self, base: &BaseLayer) -> Result<(std::fs::File, u64), Errno> {
-        if let Err(e) = self.origin.check_base() {
+        let f = base.open_file(&self.path).map_err(|e| {
+            tracing::warn!(
+                "partial-origin read refused: base file {}: {e}",
+                self.origin.base_path
+            );
+            Errno::EIO
+        })?;
+        if let Err(e) = self.origin.check_fingerprint(&f.metadata()?) {
             tracing::warn!("partial-origin read refused: {e}");
             return Err(Errno::EIO);
         }
-        let f = base.open_file(&self.path)?;
-        let st = crate::sys::beneath::fstat(&f)?;
-        if st.st_size != self.origin.expected_size() {
-            return Err(Errno::EIO);
-        }
-        Ok((f, u64::try_from(st.st_size).unwrap_or(0)))
+        Ok((f, u64::try_from(self.origin.expected_size()).unwrap_or(0)))
     }
 
     /// Take over the chunks of [off, off + len) that hold base bytes (chunks past the base's

@@ -79,19 +79,34 @@ impl PartialOrigin {
         }
     }
 
-    /// Compare the recorded fingerprint with the file on disk now. A time of 0 s and 0 ns
-    /// means "not recorded" (the column default) and is not compared.
-    pub fn check_base(&self) -> Result<std::fs::Metadata, String> {
+    /// Open the base file and compare the recorded fingerprint with it; the file returned is
+    /// the one checked, for reading.
+    pub fn check_base(&self) -> Result<std::fs::File, String> {
         // The file itself, never what a symlink put in its place (or in place of one of its
         // directories) points to.
-        let md = crate::sys::beneath::open_no_symlinks(Path::new(&self.base_path), libc::O_PATH)
-            .and_then(|f| f.metadata())
-            .map_err(|e| {
-                format!(
-                    "inode {}: base file {}: {e}",
-                    self.delta_ino, self.base_path
-                )
-            })?;
+        let f = crate::sys::beneath::open_no_symlinks(
+            Path::new(&self.base_path),
+            libc::O_RDONLY | libc::O_NONBLOCK,
+        )
+        .map_err(|e| {
+            format!(
+                "inode {}: base file {}: {e}",
+                self.delta_ino, self.base_path
+            )
+        })?;
+        let md = f.metadata().map_err(|e| {
+            format!(
+                "inode {}: base file {}: {e}",
+                self.delta_ino, self.base_path
+            )
+        })?;
+        self.check_fingerprint(&md)?;
+        Ok(f)
+    }
+
+    /// Compare the recorded fingerprint with `md`, the metadata of an open base file. A time
+    /// of 0 s and 0 ns means "not recorded" (the column default) and is not compared.
+    pub fn check_fingerprint(&self, md: &std::fs::Metadata) -> Result<(), String> {
         let what = |field: &str, want: String, got: String| {
             format!(
                 "inode {}: base file {} changed: {field} recorded {want}, now {got}",
@@ -130,7 +145,7 @@ impl PartialOrigin {
                 format!("{}.{:09}", md.ctime(), md.ctime_nsec()),
             ));
         }
-        Ok(md)
+        Ok(())
     }
 
     /// Visit every chunk of this file that reads from the base, in order: `f(k, bytes)` with
@@ -144,19 +159,14 @@ impl PartialOrigin {
         size: u64,
         mut f: impl FnMut(u64, &[u8]) -> Result<(), String>,
     ) -> Result<(), String> {
-        self.check_base()?;
+        let base = self.check_base()?;
         let base_err = |e: std::io::Error| {
             format!(
                 "inode {}: base file {}: {e}",
                 self.delta_ino, self.base_path
             )
         };
-        let base = crate::sys::beneath::open_no_symlinks(
-            Path::new(&self.base_path),
-            libc::O_RDONLY | libc::O_NONBLOCK,
-        )
-        .map_err(base_err)?;
-        let base_len = base.metadata().map_err(base_err)?.len();
+        let base_len = u64::try_from(self.expected_size()).unwrap_or(0);
         let overrides: std::collections::HashSet<i64> = {
             let mut st = c
                 .prepare("SELECT chunk_index FROM fs_chunk_override WHERE delta_ino = ?1")
@@ -362,7 +372,7 @@ mod tests {
     #[test]
     fn a_base_file_replaced_by_a_symlink_is_refused() {
         let t = tempfile::tempdir().unwrap();
-        let f = t.path().join("f");
+        let f = t.path().canonicalize().unwrap().join("f");
         std::fs::write(&f, b"base bytes").unwrap();
         let po = origin_of(&f);
         assert!(po.check_base().is_ok());
@@ -371,6 +381,6 @@ mod tests {
         std::fs::rename(&f, &outside).unwrap();
         std::os::unix::fs::symlink(&outside, &f).unwrap();
         let err = po.check_base().unwrap_err();
-        assert!(err.contains("not a regular file"), "{err}");
+        assert!(err.contains("symbolic links"), "{err}");
     }
 }

@@ -25,6 +25,59 @@ pub struct Stat {
 /// Extended attributes: (name, value) pairs.
 pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// An object of the tree held open for reading its extended attributes. A symlink shows
+/// none: its own attributes cannot be read here without risking its target's.
+pub struct XattrHandle {
+    _fd: OwnedFd,
+    at: CString,
+    /// The object's fstat, to tell it is still the one expected.
+    pub stat: libc::stat,
+}
+
+impl XattrHandle {
+    fn is_symlink(&self) -> bool {
+        self.stat.st_mode & libc::S_IFMT == libc::S_IFLNK
+    }
+
+    /// Every attribute name, each NUL-terminated (empty on a filesystem without them).
+    pub fn names(&self) -> io::Result<Vec<u8>> {
+        if self.is_symlink() {
+            return Ok(Vec::new());
+        }
+        // SAFETY: `at` is NUL-terminated; the call writes at most the length it is given.
+        let names = xattr_buf(|buf| unsafe {
+            libc::listxattr(self.at.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        });
+        match names {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => Ok(Vec::new()),
+            r => r,
+        }
+    }
+
+    /// The value of attribute `name`; ENODATA when absent (or unsupported here).
+    pub fn get(&self, name: &[u8]) -> io::Result<Vec<u8>> {
+        if self.is_symlink() {
+            return Err(io::Error::from_raw_os_error(libc::ENODATA));
+        }
+        let name = cstr(name)?;
+        // SAFETY: both strings are NUL-terminated; the call writes at most the length given.
+        let value = xattr_buf(|buf| unsafe {
+            libc::getxattr(
+                self.at.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        });
+        match value {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => {
+                Err(io::Error::from_raw_os_error(libc::ENODATA))
+            }
+            r => r,
+        }
+    }
+}
+
 /// One directory entry: name, DT_* type and inode number.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Dirent {
@@ -159,47 +212,14 @@ impl Beneath {
         Ok(buf)
     }
 
-    /// The extended attributes of `rel` (name, value), in name order. A symlink has none here:
-    /// its own attributes cannot be reached without following it. A filesystem without
-    /// extended attributes has none.
-    pub fn xattrs(&self, rel: &[u8]) -> io::Result<Xattrs> {
+    /// Open `rel` (never following it) to read its extended attributes.
+    pub fn xattr_handle(&self, rel: &[u8]) -> io::Result<XattrHandle> {
         let fd = self.open_at(rel, libc::O_PATH)?;
-        if fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFLNK {
-            return Ok(Vec::new());
-        }
+        let stat = fstat(&fd)?;
         // An O_PATH descriptor serves no *xattr call itself; its /proc link reaches the object
         // it was opened on (not a path that could have been swapped since).
         let at = cstr(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_bytes())?;
-        // SAFETY: `at` is NUL-terminated; each call writes at most the length it is given.
-        let names = xattr_buf(|buf| unsafe {
-            libc::listxattr(at.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-        });
-        let names = match names {
-            Ok(n) => n,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTSUP)) => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        let mut out = Vec::new();
-        for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
-            let cname = cstr(name)?;
-            // SAFETY: as above.
-            let value = xattr_buf(|buf| unsafe {
-                libc::getxattr(
-                    at.as_ptr(),
-                    cname.as_ptr(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                )
-            });
-            match value {
-                Ok(v) => out.push((name.to_vec(), v)),
-                // Removed since it was listed.
-                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        out.sort();
-        Ok(out)
+        Ok(XattrHandle { _fd: fd, at, stat })
     }
 
     /// The names in directory `rel` ("" for the root), sorted, without "." and "..".
@@ -356,7 +376,6 @@ fn to_stat(st: &libc::stat) -> Stat {
     }
 }
 
-/// fstat(2) of an open descriptor (an O_PATH one included).
 /// openat2 of `path` relative to `dir` with `resolve` flags, never following the last
 /// component (O_NOFOLLOW); retried while a concurrent rename makes it EAGAIN.
 fn openat2(
@@ -393,9 +412,9 @@ fn openat2(
     }
 }
 
-/// Open absolute path `abs` with `flags`, refusing a symlink in any component, the last
-/// included (ELOOP): for host paths recorded in canonical form, which a symlink put in place
-/// of one of their directories must not redirect.
+/// Open absolute path `abs` with `flags`, refusing a symlink in any directory on the way
+/// (ELOOP) and never following the last component: for host paths recorded in canonical form,
+/// which a symlink put in place of one of their directories must not redirect.
 pub fn open_no_symlinks(abs: &Path, flags: libc::c_int) -> io::Result<File> {
     let path = cstr(abs.as_os_str().as_bytes())?;
     Ok(File::from(openat2(
@@ -426,6 +445,7 @@ fn xattr_buf(call: impl Fn(&mut [u8]) -> libc::ssize_t) -> io::Result<Vec<u8>> {
     }
 }
 
+/// fstat(2) of an open descriptor (an O_PATH one included).
 pub fn fstat(fd: &impl AsRawFd) -> io::Result<libc::stat> {
     // SAFETY: all-zero is a valid `stat`; the kernel fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
