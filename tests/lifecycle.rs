@@ -411,15 +411,22 @@ fn make_partial(db: &Path, ino: i64, base: &Path) {
     .unwrap();
 }
 
+/// A populated database in `dir` whose file /a is layered over a new base file at `base`
+/// (10,000 bytes of pattern 5).
+fn populated_partial(dir: &Path, base: &Path) -> std::path::PathBuf {
+    let db = populated(dir);
+    let ino: i64 = query(&db, "SELECT ino FROM fs_dentry WHERE name = 'a'");
+    fs::write(base, fixtures::pattern(10_000, 5)).unwrap();
+    make_partial(&db, ino, base);
+    db
+}
+
 #[test]
 fn partial_origin_backup_materialize_and_base_checks() {
     let d = scratch();
-    let db = populated(d.path());
-    let ino: i64 = query(&db, "SELECT ino FROM fs_dentry WHERE name = 'a'");
     let base = d.path().join("base-a");
+    let db = populated_partial(d.path(), &base);
     let base_bytes = fixtures::pattern(10_000, 5);
-    fs::write(&base, &base_bytes).unwrap();
-    make_partial(&db, ino, &base);
     assert_eq!(integrity_json(&db, &["--check-base"]).0, 0);
     let (code, found) = integrity_json(&db, &["--require-portable"]);
     assert_eq!(code, 1);
@@ -451,18 +458,20 @@ fn partial_origin_backup_materialize_and_base_checks() {
 
     // A drifted base is detected and refused.
     fs::write(&base, fixtures::pattern(10_001, 5)).unwrap();
-    let (code, found) = integrity_json(&db, &["--check-base"]);
-    assert_eq!(code, 1);
+    base_refused(&db, &d.path().join("m2.db"), "changed");
+}
+
+/// `integrity --check-base` reports the partial-origin file of `db`, and materializing it
+/// into `out` fails with one line containing `why` and leaves nothing.
+fn base_refused(db: &Path, out: &Path, why: &str) {
+    let (code, found) = integrity_json(db, &["--check-base"]);
+    assert_eq!(code, 1, "the base was accepted: {found:?}");
     assert!(
         found.iter().all(|(r, _)| r == "base_fingerprint"),
         "{found:?}"
     );
-    let m2 = d.path().join("m2.db");
-    one_line_error(
-        &agentfs(&["materialize", s(&db), "--output", s(&m2)]),
-        "changed",
-    );
-    assert!(!m2.exists());
+    one_line_error(&agentfs(&["materialize", s(db), "--output", s(out)]), why);
+    assert!(!out.exists());
 }
 
 /// A recorded base path is canonical: once one of its directories is a symlink (here to the
@@ -470,29 +479,14 @@ fn partial_origin_backup_materialize_and_base_checks() {
 #[test]
 fn partial_origin_base_behind_a_symlinked_directory_is_refused() {
     let d = scratch();
-    let db = populated(d.path());
-    let ino: i64 = query(&db, "SELECT ino FROM fs_dentry WHERE name = 'a'");
     let dir = d.path().join("basedir");
     fs::create_dir(&dir).unwrap();
-    let base = dir.join("base-a");
-    fs::write(&base, fixtures::pattern(10_000, 5)).unwrap();
-    make_partial(&db, ino, &base);
+    let db = populated_partial(d.path(), &dir.join("base-a"));
     assert_eq!(integrity_json(&db, &["--check-base"]).0, 0);
     let moved = d.path().join("moved");
     fs::rename(&dir, &moved).unwrap();
     std::os::unix::fs::symlink(&moved, &dir).unwrap();
-    let (code, found) = integrity_json(&db, &["--check-base"]);
-    assert_eq!(code, 1, "a symlinked parent was followed: {found:?}");
-    assert!(
-        found.iter().all(|(r, _)| r == "base_fingerprint"),
-        "{found:?}"
-    );
-    let m = d.path().join("m.db");
-    one_line_error(
-        &agentfs(&["materialize", s(&db), "--output", s(&m)]),
-        "symbolic links",
-    );
-    assert!(!m.exists());
+    base_refused(&db, &d.path().join("m.db"), "symbolic links");
 }
 
 #[test]
