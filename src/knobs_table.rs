@@ -11,6 +11,8 @@ knob_table! {
         "Offer READDIRPLUS so a directory listing also returns attributes and entries (0 = plain READDIR only).";
     fuse_writeback_cache: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_WRITEBACK_CACHE",
         "Let the kernel buffer writes in the page cache and send them in large batches (0 = write-through).";
+    fuse_readahead_kib: U64 = 1024, [0, 65536], Policy, "AGENTFS_FUSE_READAHEAD_KIB",
+        "Kernel readahead of the mount in KiB, written to /sys/class/bdi after INIT (root only); the kernel's 128 KiB default also caps every READ at 128 KiB. 0 leaves the kernel's value.";
     fuse_threads: U64 = 2, [1, 64], Policy, "AGENTFS_FUSE_THREADS",
         "Threads reading requests from /dev/fuse; each has its own SQLite read connection.";
     fuse_uring: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_URING",

@@ -406,3 +406,50 @@ fn small_writes_cost_no_request_each() {
         m.unmount();
     }
 }
+
+/// The mount's readahead is raised to `AGENTFS_FUSE_READAHEAD_KIB` (1 MiB by default), so a
+/// cold sequential read of 16 MiB takes about 16 READs; the kernel's own 128 KiB (the knob at
+/// 0) takes about 128.
+#[test]
+fn sequential_reads_come_in_large_requests() {
+    use std::os::fd::AsRawFd;
+    if !fuse_or_skip("sequential_reads_come_in_large_requests") {
+        return;
+    }
+    for (kib, want_ra, bound) in [("1024", 1024, 0..48u64), ("0", 128, 100..400)] {
+        let mut m = Mounted::with_env(&[("AGENTFS_FUSE_READAHEAD_KIB", kib)]);
+        let entry = agentfs::sys::mounts::find(&fs::canonicalize(&m.mnt).unwrap()).unwrap();
+        let ra = fs::read_to_string(format!(
+            "/sys/class/bdi/{}:{}/read_ahead_kb",
+            entry.major, entry.minor
+        ))
+        .unwrap();
+        assert_eq!(
+            ra.trim(),
+            want_ra.to_string(),
+            "read_ahead_kb with knob {kib}"
+        );
+        let data = pattern(16 << 20, 3);
+        let mut f = fs::File::create(m.path("big")).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: fadvise on a descriptor this test owns; it only drops clean cached pages.
+        let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(rc, 0);
+        drop(f);
+        let pid = m.server_pid();
+        let before = served(pid);
+        let mut back = Vec::new();
+        fs::File::open(m.path("big"))
+            .unwrap()
+            .read_to_end(&mut back)
+            .unwrap();
+        let spent = served(pid) - before;
+        assert!(back == data, "content read back");
+        assert!(
+            bound.contains(&spent),
+            "knob {kib}: a cold 16 MiB read cost {spent} requests"
+        );
+        m.unmount();
+    }
+}

@@ -252,6 +252,19 @@ fn receive_fd(sock: &UnixStream) -> Option<OwnedFd> {
 }
 
 /// Unmount `mnt`. `lazy` detaches it even while busy. Non-root goes through fusermount3.
+/// Set the readahead of the mount at `mnt` to `kib` KiB through its backing device in sysfs
+/// (the kernel caps FUSE readahead, and with it the size of READ requests, at the bdi's
+/// 128 KiB default, whatever INIT says). Only root may write there.
+pub fn set_readahead(mnt: &Path, kib: u64) -> std::io::Result<()> {
+    let m = crate::sys::mounts::find(mnt).ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "not in the mount table")
+    })?;
+    std::fs::write(
+        format!("/sys/class/bdi/{}:{}/read_ahead_kb", m.major, m.minor),
+        kib.to_string(),
+    )
+}
+
 pub fn unmount(mnt: &Path, lazy: bool) -> std::io::Result<()> {
     if can_mount_directly() {
         let target = CString::new(mnt.as_os_str().as_bytes())

@@ -89,6 +89,12 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
             return Err(e);
         }
     };
+    // After the INIT reply: the kernel set the readahead from it, capped at 128 KiB.
+    if knobs.fuse_readahead_kib > 0 {
+        if let Err(e) = mount::set_readahead(&mnt, knobs.fuse_readahead_kib) {
+            tracing::debug!("readahead left at the kernel's default: {e}");
+        }
+    }
     let ring_stats = Arc::new(uring::RingStats::default());
     let ring_queues = queues.len();
     let shards = Shards::start(knobs.fuse_workers as usize, dispatcher.clone());
