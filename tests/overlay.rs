@@ -169,3 +169,112 @@ fn overlay_inode_numbers_never_collide_with_the_base() {
     m.unmount();
     common::assert_consistent(&m.db);
 }
+
+/// A kernel overlayfs mount for a test; unmounted (lazily) when dropped.
+struct KernelOverlay(std::path::PathBuf);
+
+impl Drop for KernelOverlay {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// The starting base of the overlay differential test: some of the names the random
+/// operations use already exist there (files of several chunk counts, nested directories).
+fn random_base(root: &std::path::Path) {
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    std::fs::create_dir_all(root.join("g/h")).unwrap();
+    std::fs::write(
+        root.join("a"),
+        (0..5000u32).map(|i| i as u8).collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("d/e"),
+        (0..70_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    std::fs::write(root.join("g/h/i"), b"deep").unwrap();
+}
+
+/// The same random operations on kernel overlayfs and on an AgentFS overlay of identical
+/// bases: every result (success or errno) and the merged trees must agree, also after a
+/// remount; the base stays untouched; and `agentfs apply` then turns the base into the merged
+/// tree (hard links become separate files there, so link counts are not compared).
+#[test]
+fn random_operations_match_kernel_overlayfs() {
+    use common::ops::{apply, snapshot, Node, Rng, KINDS};
+    if !fuse_or_skip("random_operations_match_kernel_overlayfs") {
+        return;
+    }
+    for seed in 1..=4u64 {
+        let mut m = common::Mounted::unmounted();
+        let top = m.dir.path().to_path_buf();
+        let (lower, base) = (top.join("lower"), top.join("base"));
+        random_base(&lower);
+        random_base(&base);
+        for d in ["upper", "work", "ovl"] {
+            std::fs::create_dir(top.join(d)).unwrap();
+        }
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off",
+            lower.display(),
+            top.join("upper").display(),
+            top.join("work").display()
+        );
+        let ok = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(top.join("ovl"))
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount overlayfs");
+        let kernel = KernelOverlay(top.join("ovl"));
+        let out = common::agentfs(&[
+            "init",
+            m.db.to_str().unwrap(),
+            "--base",
+            base.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pristine = snapshot(&base);
+        m.mount();
+        let (mut ra, mut rb) = (Rng(seed * 0x51_7cc1), Rng(seed * 0x51_7cc1));
+        for step in 0..300 {
+            let op = ra.below(KINDS);
+            rb.below(KINDS);
+            let (what, got) = apply(&m.mnt, op, &mut ra);
+            let (_, want) = apply(&kernel.0, op, &mut rb);
+            assert_eq!(got, want, "seed {seed} step {step}: {what}");
+        }
+        let merged = snapshot(&kernel.0);
+        assert_eq!(snapshot(&m.mnt), merged, "merged trees differ, seed {seed}");
+        m.unmount();
+        drop(kernel);
+        assert_eq!(snapshot(&base), pristine, "the base changed, seed {seed}");
+        m.mount();
+        assert_eq!(snapshot(&m.mnt), merged, "after a remount, seed {seed}");
+        m.unmount();
+        common::assert_consistent(&m.db);
+        let out = common::agentfs(&["apply", m.db.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let applied = |t: std::collections::BTreeMap<std::path::PathBuf, Node>| {
+            t.into_iter()
+                .map(|(p, n)| (p, n.into_applied()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        assert_eq!(
+            applied(snapshot(&base)),
+            applied(merged),
+            "the applied base differs from the merged tree, seed {seed}"
+        );
+    }
+}

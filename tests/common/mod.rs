@@ -1,6 +1,8 @@
 //! Shared helpers for tests that mount AgentFS for real.
 #![allow(dead_code)]
 
+pub mod ops;
+
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
