@@ -90,7 +90,7 @@ impl Dispatcher {
             .is_some_and(|n| n.flags & abi::FUSE_WRITEBACK_CACHE != 0)
     }
 
-    /// Whether the server clears set-id bits and capabilities (see `privs`).
+    /// Whether the server clears set-id bits (see `privs`).
     fn killpriv(&self) -> bool {
         self.negotiated
             .get()
