@@ -273,3 +273,62 @@ fn random_operations_match_kernel_overlayfs() {
         );
     }
 }
+
+/// `agentfs apply`, run as root, writes a changed file back with the owner it has in the
+/// overlay (its base owner, kept by copy-up) instead of making it root's, and gives the files,
+/// directories and symlinks it creates the owner they have in the overlay.
+#[test]
+fn apply_keeps_and_carries_owners() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    if !fuse_or_skip("apply_keeps_and_carries_owners") {
+        return;
+    }
+    let (uid, gid) = (12345u32, 12346u32);
+    let mut m = common::Mounted::unmounted();
+    let base = m.dir.path().join("base");
+    std::fs::create_dir_all(base.join("pub")).unwrap();
+    std::fs::set_permissions(base.join("pub"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(base.join("own.txt"), b"old").unwrap();
+    std::os::unix::fs::chown(base.join("own.txt"), Some(uid), Some(gid)).unwrap();
+    init_overlay(&m.db, &base);
+    m.mount();
+    std::fs::write(m.path("own.txt"), b"rewritten by root").unwrap();
+    std::fs::write(m.path("rootfile"), b"root's").unwrap();
+    let ok = Command::new("sh")
+        .args([
+            "-c",
+            "echo mine > pub/mine && mkdir pub/sub && ln -s mine pub/link",
+        ])
+        .current_dir(&m.mnt)
+        .uid(uid)
+        .gid(gid)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "the user's changes through the mount");
+    m.unmount();
+    let out = common::agentfs(&["apply", m.db.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let owner = |rel: &str| {
+        let md = std::fs::symlink_metadata(base.join(rel)).unwrap();
+        (md.uid(), md.gid())
+    };
+    assert_eq!(
+        std::fs::read(base.join("own.txt")).unwrap(),
+        b"rewritten by root"
+    );
+    assert_eq!(
+        owner("own.txt"),
+        (uid, gid),
+        "a rewritten file keeps its owner"
+    );
+    for rel in ["pub/mine", "pub/sub", "pub/link"] {
+        assert_eq!(owner(rel), (uid, gid), "owner of {rel}");
+    }
+    assert_eq!(owner("rootfile"), (0, 0));
+}

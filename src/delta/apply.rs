@@ -7,7 +7,10 @@
 //! reached without a symlink. Then: removals (deepest first), creations and writes (parents
 //! first; file contents go to a new file in the same directory that is synced and renamed
 //! over the old one), and last the permission bits of directories (deepest first), so a
-//! read-only directory is filled before it is closed. Owners and times are not changed.
+//! read-only directory is filled before it is closed. Run as root, every file, directory and
+//! symlink it creates or rewrites gets the delta's owner (a rewritten file would otherwise
+//! become root's); run as anyone else, they are the caller's, as with cp. Times are not
+//! carried.
 
 use std::collections::BTreeSet;
 
@@ -23,6 +26,7 @@ pub enum Op {
     },
     Mkdir {
         path: Vec<u8>,
+        owner: (u32, u32),
     },
     /// Write the delta side's bytes as the file at `path` (with its permission bits).
     Write {
@@ -43,7 +47,7 @@ impl Op {
     pub fn path(&self) -> &[u8] {
         match self {
             Op::Remove { path, .. }
-            | Op::Mkdir { path }
+            | Op::Mkdir { path, .. }
             | Op::Write { path, .. }
             | Op::Symlink { path, .. }
             | Op::Chmod { path, .. } => path,
@@ -104,7 +108,10 @@ pub fn plan(changes: &[Entry]) -> Result<Vec<Op>, String> {
                 }
                 match new.kind {
                     Kind::Dir => {
-                        creates.push(Op::Mkdir { path: path.clone() });
+                        creates.push(Op::Mkdir {
+                            path: path.clone(),
+                            owner: new.owner,
+                        });
                         dir_modes.push(Op::Chmod {
                             path,
                             mode: new.mode,
@@ -215,21 +222,28 @@ impl Overlay {
         Ok(())
     }
 
-    /// Run one step.
-    fn run(&self, op: &Op) -> Result<(), String> {
+    /// Run one step. `owners`: give what is created the delta's owner (root only).
+    fn run(&self, op: &Op, owners: bool) -> Result<(), String> {
         let base = self.base();
         let r = rel(op.path());
         let io = |e: std::io::Error| format!("{}: {}: {e}", op.describe(), show(op.path()));
+        let owner = |o: (u32, u32)| owners.then_some(o);
         match op {
             Op::Remove { dir, .. } => base.remove(r, *dir).map_err(io),
-            Op::Mkdir { .. } => base.mkdir(r, 0o700).map_err(io),
+            Op::Mkdir { owner: o, .. } => base
+                .mkdir(r, 0o700)
+                .and_then(|()| base.chown(r, owner(*o)))
+                .map_err(io),
             Op::Write { path, side } => {
                 let data = self.content(path, side)?;
-                base.write_file(r, &data, side.mode).map_err(io)
+                base.write_file(r, &data, side.mode, owner(side.owner))
+                    .map_err(io)
             }
             Op::Symlink { path, side } => {
                 let target = self.content(path, side)?;
-                base.symlink(&target, r).map_err(io)
+                base.symlink(&target, r)
+                    .and_then(|()| base.chown(r, owner(side.owner)))
+                    .map_err(io)
             }
             Op::Chmod { mode, .. } => base.chmod(r, *mode).map_err(io),
         }
@@ -239,10 +253,12 @@ impl Overlay {
     /// synced at the end.
     pub fn execute(&self, ops: &[Op], mut each: impl FnMut(&Op)) -> Result<(), String> {
         self.check_plan(ops)?;
+        // SAFETY: geteuid has no preconditions.
+        let owners = unsafe { libc::geteuid() } == 0;
         let mut dirs = BTreeSet::new();
         for op in ops {
             each(op);
-            self.run(op)?;
+            self.run(op, owners)?;
             dirs.insert(super::parent(op.path()).to_vec());
         }
         for d in dirs {

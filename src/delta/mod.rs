@@ -98,6 +98,8 @@ pub struct Side {
     /// directories and special files.
     pub hash: String,
     pub source: Source,
+    /// Owner (uid, gid).
+    pub owner: (u32, u32),
 }
 
 /// One reported change. `old` is the base side (absent for Added), `new` the delta side
@@ -201,6 +203,7 @@ impl Overlay {
             mode: st.mode,
             hash: String::new(),
             source: Source::Base,
+            owner: (st.raw.st_uid, st.raw.st_gid),
         };
         let content = self.content(path, &side)?;
         side.hash = sha256_hex(&content);
@@ -216,6 +219,7 @@ impl Overlay {
                 ino: e.meta.ino,
                 origin: e.origin,
             },
+            owner: (e.meta.uid, e.meta.gid),
         };
         let content = self.content(path, &side)?;
         side.hash = sha256_hex(&content);

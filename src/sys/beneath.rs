@@ -308,6 +308,25 @@ impl Beneath {
     }
 
     /// Set the permission bits of the file or directory `rel` (never through a symlink).
+    /// Give `rel` itself (a symlink is not followed) the owner `owner`; None does nothing.
+    pub fn chown(&self, rel: &[u8], owner: Option<(u32, u32)>) -> io::Result<()> {
+        let Some((uid, gid)) = owner else {
+            return Ok(());
+        };
+        let (dir, name, _) = self.parent(rel)?;
+        // SAFETY: valid dir fd and NUL-terminated name.
+        check(unsafe {
+            libc::fchownat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                uid,
+                gid,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        Ok(())
+    }
+
     pub fn chmod(&self, rel: &[u8], mode: u32) -> io::Result<()> {
         let fd = self.open_at(rel, libc::O_RDONLY | libc::O_NONBLOCK)?;
         // SAFETY: `fd` is a valid open descriptor.
@@ -317,7 +336,13 @@ impl Beneath {
 
     /// Make `rel` a regular file holding `data` with permission bits `mode`: the bytes go to a
     /// new file in the same directory, which is synced and renamed over `rel`.
-    pub fn write_file(&self, rel: &[u8], data: &[u8], mode: u32) -> io::Result<()> {
+    pub fn write_file(
+        &self,
+        rel: &[u8],
+        data: &[u8],
+        mode: u32,
+        owner: Option<(u32, u32)>,
+    ) -> io::Result<()> {
         let (dir, name, last) = self.parent(rel)?;
         let mut tmp_name = b".".to_vec();
         tmp_name.extend_from_slice(&last[..last.len().min(200)]);
@@ -338,7 +363,13 @@ impl Beneath {
         let mut f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
         let written = f
             .write_all(data)
-            .and_then(|()| {
+            .and_then(|()| match owner {
+                // Before the mode: a chown clears set-id bits.
+                // SAFETY: `f` holds a valid open descriptor.
+                Some((uid, gid)) => check(unsafe { libc::fchown(f.as_raw_fd(), uid, gid) }),
+                None => Ok(0),
+            })
+            .and_then(|_| {
                 // SAFETY: `f` holds a valid open descriptor.
                 check(unsafe { libc::fchmod(f.as_raw_fd(), mode & 0o7777) }).map(|_| ())
             })
