@@ -976,6 +976,16 @@ fn agentfs_binary(root: &Path) -> Result<PathBuf, String> {
     }
 }
 
+/// Mount points the bench makes inside its scratch directory.
+const SCRATCH_MOUNTS: [&str; 6] = [
+    "agentfs/mnt",
+    "tmpfs",
+    "ov-0/mnt",
+    "ov-1/mnt",
+    "ov-2/mnt",
+    "ov-3/mnt",
+];
+
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument is not supported (all or nothing).
     if std::env::args().any(|a| a == "--list") {
@@ -996,14 +1006,7 @@ fn main() {
         fs::create_dir_all(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
     }
     // A previous run that was killed may have left mounts; clear ours before starting.
-    for m in [
-        "agentfs/mnt",
-        "tmpfs",
-        "ov-0/mnt",
-        "ov-1/mnt",
-        "ov-2/mnt",
-        "ov-3/mnt",
-    ] {
+    for m in SCRATCH_MOUNTS {
         let p = work.join(m);
         if is_mounted(&p) {
             let _ = umount(&p, libc::MNT_DETACH);
@@ -1121,17 +1124,7 @@ fn main() {
     }
     println!("results: {}", file.display());
     // Remove the scratch space only when nothing is mounted inside it any more.
-    if ![
-        "agentfs/mnt",
-        "tmpfs",
-        "ov-0/mnt",
-        "ov-1/mnt",
-        "ov-2/mnt",
-        "ov-3/mnt",
-    ]
-    .iter()
-    .any(|m| is_mounted(&work.join(m)))
-    {
+    if !SCRATCH_MOUNTS.iter().any(|m| is_mounted(&work.join(m))) {
         let _ = fs::remove_dir_all(&work);
     }
 }

@@ -498,6 +498,9 @@ impl Dispatcher {
             noreplace: flags & libc::RENAME_NOREPLACE != 0,
             exchange: flags & libc::RENAME_EXCHANGE != 0,
         };
+        if f.noreplace && f.exchange {
+            return Err(Errno::EINVAL);
+        }
         let victim = if f.exchange {
             None
         } else {

@@ -826,9 +826,6 @@ impl Filesystem for Overlay {
         flags: RenameFlags,
         refs: &LookupRefs,
     ) -> Result<(), Errno> {
-        if flags.exchange && flags.noreplace {
-            return Err(Errno::EINVAL);
-        }
         let _g = self.change.lock();
         let p = self.ensure_delta_locked(parent)?;
         let np = self.ensure_delta_locked(newparent)?;

@@ -145,8 +145,8 @@ impl Partials {
 }
 
 impl PartialFile {
-    /// The base file, after checking it is still the recorded version; and its length.
-    fn base_file(&self, base: &BaseLayer) -> Result<(std::fs::File, u64), Errno> {
+    /// The base file, after checking it is still the recorded version.
+    fn base_file(&self, base: &BaseLayer) -> Result<std::fs::File, Errno> {
         let f = base.open_file(&self.path).map_err(|e| {
             tracing::warn!(
                 "partial-origin read refused: base file {}: {e}",
@@ -158,7 +158,12 @@ impl PartialFile {
             tracing::warn!("partial-origin read refused: {e}");
             return Err(Errno::EIO);
         }
-        Ok((f, u64::try_from(self.origin.expected_size()).unwrap_or(0)))
+        Ok(f)
+    }
+
+    /// The length of the base file (as recorded; [`PartialFile::base_file`] checks it).
+    fn base_len(&self) -> u64 {
+        u64::try_from(self.origin.expected_size()).unwrap_or(0)
     }
 
     /// Take over the chunks of [off, off + len) that hold base bytes (chunks past the base's
@@ -173,8 +178,7 @@ impl PartialFile {
         len: u64,
         keep_below: u64,
     ) -> Result<(), Errno> {
-        let base_len = u64::try_from(self.origin.expected_size()).unwrap_or(0);
-        let end = off.saturating_add(len).min(base_len);
+        let end = off.saturating_add(len).min(self.base_len());
         if len == 0 || off >= end {
             return Ok(());
         }
@@ -204,7 +208,8 @@ impl PartialFile {
         if missing.is_empty() {
             return Ok(());
         }
-        let (file, base_len) = self.base_file(base)?;
+        let file = self.base_file(base)?;
+        let base_len = self.base_len();
         let mut chunks = Vec::with_capacity(missing.len());
         for idx in missing.iter().copied() {
             let start = idx * self.chunk;
@@ -268,8 +273,8 @@ impl PartialFile {
                 if base_file.is_none() {
                     base_file = Some(self.base_file(base)?);
                 }
-                if let Some((f, base_len)) = &base_file {
-                    let avail = stop.min(*base_len);
+                if let Some(f) = &base_file {
+                    let avail = stop.min(self.base_len());
                     if pos < avail {
                         f.read_exact_at(&mut into[..(avail - pos) as usize], pos)?;
                     }
