@@ -349,27 +349,10 @@ fn access_acls_set_the_mode() {
     assert_eq!(n as usize, acl.len(), "an extended ACL is kept");
 }
 
-/// Requests the server `pid` has served so far, on both transports, from its status record
-/// (rewritten every half second): read until two readings 0.6 s apart agree, so the count is
-/// settled and the record has been rewritten in between.
+/// Requests the server `pid` has served so far, on both transports, once the count settled.
 fn served(pid: u32) -> u64 {
-    let read = || {
-        agentfs::sys::registry::live()
-            .into_iter()
-            .find(|r| r.pid == pid)
-            .map(|r| r.ring_requests + r.devfuse_requests)
-            .expect("the server's status record")
-    };
-    let mut last = read();
-    for _ in 0..50 {
-        std::thread::sleep(std::time::Duration::from_millis(600));
-        let now = read();
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
-    panic!("the request count of server {pid} never settled");
+    let rec = common::settled_record(pid);
+    rec.ring_requests + rec.devfuse_requests
 }
 
 /// 2,000 write(2)s of 4 KiB into one file, then fsync.

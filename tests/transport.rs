@@ -138,3 +138,59 @@ fn the_kill_switch_keeps_dev_fuse_even_when_offered() {
     assert_eq!(ring_completions(m.server_pid()).0, 0);
     m.unmount();
 }
+
+/// A write(2) in write-through mode waits for its WRITE's reply, so each hand-off to another
+/// thread is latency the writer pays. A lone writer's WRITEs run on the transport thread that
+/// read them, on both transports (proven by the server's count of requests it handed to
+/// workers); the same writes with the ring's barrier rule still hand its fsyncs over.
+#[test]
+fn a_lone_writers_requests_run_where_they_are_read() {
+    use std::io::Write;
+    if !fuse_or_skip("a_lone_writers_requests_run_where_they_are_read") {
+        return;
+    }
+    for ring in ["N", "Y"] {
+        let Some(_param) = UringParam::set(ring) else {
+            assert!(!agentfs::knobs::get().require_fuse, "cannot set {PARAM}");
+            eprintln!("SKIP: {PARAM} not writable");
+            return;
+        };
+        let mut m = Mounted::with_env(&[("AGENTFS_FUSE_WRITEBACK_CACHE", "0")]);
+        let pid = m.server_pid();
+        let before = common::settled_record(pid);
+        let mut f = fs::File::create(m.path("f")).unwrap();
+        for i in 0..1000u32 {
+            f.write_all(&[i as u8; 4096]).unwrap();
+        }
+        for _ in 0..20 {
+            f.sync_all().unwrap();
+        }
+        drop(f);
+        let after = common::settled_record(pid);
+        let served = (after.ring_requests + after.devfuse_requests)
+            - (before.ring_requests + before.devfuse_requests);
+        let handed = after.worker_requests - before.worker_requests;
+        assert!(
+            served >= 1020,
+            "enable_uring={ring}: {served} requests served"
+        );
+        assert!(
+            handed < 100,
+            "enable_uring={ring}: {handed} of {served} requests went to a worker"
+        );
+        if ring == "Y" {
+            assert_eq!(after.transport, "io-uring");
+            assert!(
+                handed >= 20,
+                "the ring hands its fsyncs to workers: {handed}"
+            );
+        }
+        let back = fs::read(m.path("f")).unwrap();
+        assert_eq!(back.len(), 1000 * 4096);
+        assert!(back
+            .chunks(4096)
+            .enumerate()
+            .all(|(i, c)| c == [i as u8; 4096]));
+        m.unmount();
+    }
+}

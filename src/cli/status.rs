@@ -13,17 +13,18 @@ pub fn run(_: Args) -> super::CliResult {
         return Ok(0);
     }
     println!(
-        "{:<8} {:<10} {:>12} {:>12} {:<30} DATABASE",
-        "PID", "TRANSPORT", "RING_REQS", "DEVFUSE_REQS", "MOUNT"
+        "{:<8} {:<10} {:>12} {:>12} {:>12} {:<30} DATABASE",
+        "PID", "TRANSPORT", "RING_REQS", "DEVFUSE_REQS", "WORKER_REQS", "MOUNT"
     );
     for s in &servers {
         let live = mounted.iter().any(|m| m.mount_point == s.mount_point);
         println!(
-            "{:<8} {:<10} {:>12} {:>12} {:<30} {}{}",
+            "{:<8} {:<10} {:>12} {:>12} {:>12} {:<30} {}{}",
             s.pid,
             s.transport,
             s.ring_requests,
             s.devfuse_requests,
+            s.worker_requests,
             s.mount_point.display(),
             s.db.display(),
             if live { "" } else { " (not mounted)" }

@@ -15,6 +15,8 @@ pub struct ServerRecord {
     pub ring_queues: usize,
     pub ring_requests: u64,
     pub devfuse_requests: u64,
+    /// Requests a transport thread handed to a worker instead of running them itself.
+    pub worker_requests: u64,
 }
 
 pub fn runtime_dir() -> PathBuf {
@@ -38,14 +40,15 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     let path = record_path(rec.pid);
     let text = format!(
-        "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\n",
+        "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\nworker_requests={}\n",
         rec.pid,
         rec.db.display(),
         rec.mount_point.display(),
         rec.transport,
         rec.ring_queues,
         rec.ring_requests,
-        rec.devfuse_requests
+        rec.devfuse_requests,
+        rec.worker_requests
     );
     // Write then rename, so a reader never sees half a record.
     let tmp = path.with_extension("tmp");
@@ -68,6 +71,7 @@ fn parse(text: &str) -> Option<ServerRecord> {
             Some(("ring_queues", v)) => rec.ring_queues = v.parse().unwrap_or(0),
             Some(("ring_requests", v)) => rec.ring_requests = v.parse().unwrap_or(0),
             Some(("devfuse_requests", v)) => rec.devfuse_requests = v.parse().unwrap_or(0),
+            Some(("worker_requests", v)) => rec.worker_requests = v.parse().unwrap_or(0),
             _ => {}
         }
     }

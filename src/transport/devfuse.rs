@@ -2,7 +2,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::dispatch::shards::{runs_inline, Shards};
@@ -14,6 +14,8 @@ pub struct Channel {
     fd: OwnedFd,
     /// Requests answered through this channel.
     pub served: AtomicU64,
+    /// Transport threads blocked in [`Channel::receive`], ready for the next request.
+    waiting: AtomicUsize,
 }
 
 /// What a read from the channel produced.
@@ -29,6 +31,7 @@ impl Channel {
         Self {
             fd,
             served: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -40,6 +43,19 @@ impl Channel {
     /// Read one request. Retries on EINTR/EAGAIN and on ENOENT (a request interrupted before
     /// we read it).
     pub fn receive(&self, buf: &mut [u8]) -> io::Result<Received> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let got = self.receive_one(buf);
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        got
+    }
+
+    /// Whether another transport thread is waiting for a request, so this one may spend time
+    /// on the request it holds without delaying the next.
+    pub fn reader_waiting(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed) > 0
+    }
+
+    fn receive_one(&self, buf: &mut [u8]) -> io::Result<Received> {
         loop {
             // SAFETY: `buf` is valid for writes of buf.len() bytes; the fd is open.
             let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -117,7 +133,8 @@ fn answer(chan: &Channel, dispatcher: &Dispatcher, msg: &[u8]) {
 }
 
 /// Serve requests on `chan` until the connection ends. Runs on each transport thread: it
-/// reads a request and hands it to the shard of its inode.
+/// reads a request and answers it itself when it only reads, or when another thread is ready
+/// to read the next one and the shard of its inode is free; otherwise the shard's worker does.
 pub fn serve_loop(
     chan: &Arc<Channel>,
     shards: &Arc<Shards>,
@@ -147,6 +164,9 @@ pub fn serve_loop(
                 continue;
             }
         };
+        if chan.reader_waiting() && shards.try_inline(key, |d| answer(chan, d, msg)).is_some() {
+            continue;
+        }
         let owned = msg.to_vec();
         let chan = chan.clone();
         shards.submit(key, Box::new(move |d| answer(&chan, d, &owned)));

@@ -121,6 +121,7 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
         },
         chan: chan.clone(),
         ring: ring_stats.clone(),
+        shards: shards.clone(),
     };
     let record = reporter.write();
     let watcher = watch::Watcher::start(
@@ -200,6 +201,7 @@ struct Reporter {
     record: registry::ServerRecord,
     chan: Arc<Channel>,
     ring: Arc<uring::RingStats>,
+    shards: Arc<Shards>,
 }
 
 impl Reporter {
@@ -210,6 +212,7 @@ impl Reporter {
         let mut rec = self.record.clone();
         rec.devfuse_requests = self.chan.served.load(Relaxed);
         rec.ring_requests = self.ring.served.load(Relaxed);
+        rec.worker_requests = self.shards.handed();
         rec.transport = if rec.ring_queues > 0 && self.ring.failed.load(Relaxed) == 0 {
             "io-uring".into()
         } else {

@@ -27,7 +27,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::abi;
-use crate::dispatch::shards::{runs_inline, Shards};
+use crate::dispatch::shards::{may_block, runs_inline, Shards};
 use crate::dispatch::Dispatcher;
 use crate::protocol::{self, Reply};
 
@@ -423,15 +423,20 @@ impl Queue {
         self.entries[idx].state = EntState::Dead;
     }
 
-    /// Run entry `idx`'s request here if it only reads, else hand it to the worker of its
-    /// inode; either way the entry is committed once its reply is in place.
+    /// Run entry `idx`'s request here if it only reads, or if it cannot block for long (see
+    /// [`may_block`]) and the shard of its inode is free (this thread is its queue's only reader, and a request from
+    /// this CPU is best served on it); else hand it to the shard's worker. Either way the entry
+    /// is committed once its reply is in place.
     fn dispatch(&mut self, fd: RawFd, idx: usize, shards: &Shards) {
-        let opcode = self.entries[idx]
-            .header
-            .bytes()
-            .get(4..8)
-            .and_then(|b| b.try_into().ok())
-            .map_or(0, u32::from_ne_bytes);
+        let field = |range: std::ops::Range<usize>| {
+            self.entries[idx]
+                .header
+                .bytes()
+                .get(range)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u32::from_ne_bytes)
+        };
+        let (len, opcode) = (field(0..4), field(4..8));
         let e = &mut self.entries[idx];
         e.state = EntState::InUser;
         // COMMIT_AND_FETCH echoes the request's commit id.
@@ -454,7 +459,7 @@ impl Queue {
             payload: e.payload.ptr,
             payload_len: e.payload.len,
         };
-        if runs_inline(opcode) {
+        let here = |d: &Dispatcher| {
             // SAFETY: the entry is InUser and this thread owns it; no worker has it.
             let (hdr, payload) = unsafe {
                 (
@@ -462,7 +467,15 @@ impl Queue {
                     std::slice::from_raw_parts_mut(bufs.payload, bufs.payload_len),
                 )
             };
-            fill_reply(hdr, payload, shards.dispatcher());
+            fill_reply(hdr, payload, d);
+        };
+        let answered = if runs_inline(opcode) {
+            here(shards.dispatcher());
+            true
+        } else {
+            !may_block(opcode, len) && shards.try_inline(key, here).is_some()
+        };
+        if answered {
             self.entries[idx].state = EntState::InKernel { registering: false };
             if let Err(err) = self.push(fd, idx) {
                 tracing::error!("queue {} entry {idx}: commit failed: {err}", self.qid);

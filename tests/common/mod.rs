@@ -290,3 +290,32 @@ pub fn python(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     );
     (out.status.success(), text)
 }
+
+/// The status record of server `pid`, once its counters have settled: read until two readings
+/// 0.6 s apart agree (the record is rewritten every half second, so one rewrite lies between).
+/// The server writes its first record once INIT is answered, just after the mount appears.
+pub fn settled_record(pid: u32) -> agentfs::sys::registry::ServerRecord {
+    let read = || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = agentfs::sys::registry::live()
+                .into_iter()
+                .find(|r| r.pid == pid);
+            match found {
+                Some(r) => return r,
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                None => panic!("server {pid} wrote no status record"),
+            }
+        }
+    };
+    let mut last = read();
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(600));
+        let now = read();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    panic!("the status record of server {pid} never settled");
+}
