@@ -244,6 +244,32 @@ fn data(c: &mut Criterion) {
             })
         });
     }
+    // 4 KiB overwrites at random aligned offsets of a 16 MiB file, one transaction each (the
+    // path of every WRITE with batching off, and of a partly covered chunk at a group commit).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("bench.sqlite");
+    Store::create(&db, &InitOptions::default()).expect("create");
+    let caching = agentfs::cache::CacheConfig::from_knobs(agentfs::knobs::get());
+    let s = Store::open_with(&db, false, None, None, caching).expect("open");
+    let ino = s
+        .mknod(Ino::ROOT, b"r", REG, 0, CALLER)
+        .expect("create")
+        .ino;
+    let mib = vec![3u8; 1 << 20];
+    for i in 0..16u64 {
+        s.write(ino, i << 20, &mib).expect("prefill");
+    }
+    let block = vec![9u8; 4096];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    g.throughput(Throughput::Bytes(4096));
+    g.bench_function("overwrite_random/4096", |b| {
+        b.iter(|| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            s.write(ino, (x % 4096) * 4096, &block).expect("write")
+        })
+    });
     g.finish();
 }
 
