@@ -104,6 +104,11 @@ impl Writer {
         let conn = open(path, false)?;
         let _: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
+        // Each operation in a namespace batch is a savepoint, whose statement journal SQLite
+        // spills to a temporary file past 64 KiB and then keeps writing there (a pwrite per
+        // page an operation touches, for the life of the connection). In memory it is
+        // emptied at every release, so it only ever holds one operation's pages.
+        conn.pragma_update(None, "temp_store", "MEMORY")?;
         Ok(Writer {
             conn,
             synced_wal: None,
