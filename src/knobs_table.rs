@@ -26,7 +26,7 @@ knob_table! {
     fuse_killpriv_v2: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_KILLPRIV_V2",
         "Clear set-id bits on write, truncate and chown in the server (FUSE_HANDLE_KILLPRIV_V2), so the kernel stops asking for security.capability before every write(2) (0 = the kernel does it all).";
     fuse_workers: U64 = 4, [0, 64], Policy, "AGENTFS_FUSE_WORKERS",
-        "Worker threads, one per inode shard: they run a mutation when its shard is busy or the transport thread that read it cannot wait for it (no other reader idle, or a barrier on a ring); 0 runs every request on the transport thread that read it.";
+        "Worker threads, one per inode shard: they run a mutation when its shard is busy or the transport thread that read it cannot wait for it (no other /dev/fuse thread left free, or a barrier on a ring); 0 runs every request on the transport thread that read it.";
     fuse_parallel_dirops: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_PARALLEL_DIROPS",
         "Let the kernel send lookups and readdirs of one directory concurrently (0 = it serialises them per directory).";
     fuse_keep_cache: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_KEEP_CACHE",

@@ -14,8 +14,28 @@ pub struct Channel {
     fd: OwnedFd,
     /// Requests answered through this channel.
     pub served: AtomicU64,
-    /// Transport threads blocked in [`Channel::receive`], ready for the next request.
-    waiting: AtomicUsize,
+    /// Transport threads serving this channel ([`serve_loop`]s running).
+    readers: AtomicUsize,
+    /// Of those, the ones running a mutation in place (see [`Channel::spare`]).
+    occupied: AtomicUsize,
+}
+
+/// A transport thread's claim to run one mutation in place; released on drop.
+pub struct Spared<'a>(&'a Channel);
+
+impl Drop for Spared<'_> {
+    fn drop(&mut self) {
+        self.0.occupied.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counts a [`serve_loop`] among the channel's readers while it runs.
+struct Reader<'a>(&'a Channel);
+
+impl Drop for Reader<'_> {
+    fn drop(&mut self) {
+        self.0.readers.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// What a read from the channel produced.
@@ -31,7 +51,8 @@ impl Channel {
         Self {
             fd,
             served: AtomicU64::new(0),
-            waiting: AtomicUsize::new(0),
+            readers: AtomicUsize::new(0),
+            occupied: AtomicUsize::new(0),
         }
     }
 
@@ -40,22 +61,23 @@ impl Channel {
         self.fd.as_raw_fd()
     }
 
+    /// Leave to the calling transport thread one mutation to run in place, as long as another
+    /// thread stays free of such work to read the next request: however long the mutation
+    /// waits (a commit, the pending-byte cap), reading never stops. None when no thread is
+    /// left to spare.
+    pub fn spare(&self) -> Option<Spared<'_>> {
+        let readers = self.readers.load(Ordering::Acquire);
+        if self.occupied.fetch_add(1, Ordering::AcqRel) + 1 < readers {
+            Some(Spared(self))
+        } else {
+            self.occupied.fetch_sub(1, Ordering::AcqRel);
+            None
+        }
+    }
+
     /// Read one request. Retries on EINTR/EAGAIN and on ENOENT (a request interrupted before
     /// we read it).
     pub fn receive(&self, buf: &mut [u8]) -> io::Result<Received> {
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        let got = self.receive_one(buf);
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
-        got
-    }
-
-    /// Whether another transport thread is waiting for a request, so this one may spend time
-    /// on the request it holds without delaying the next.
-    pub fn reader_waiting(&self) -> bool {
-        self.waiting.load(Ordering::Relaxed) > 0
-    }
-
-    fn receive_one(&self, buf: &mut [u8]) -> io::Result<Received> {
         loop {
             // SAFETY: `buf` is valid for writes of buf.len() bytes; the fd is open.
             let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -109,38 +131,53 @@ impl Channel {
     }
 }
 
-/// Decode, handle and answer one whole request.
-fn answer(chan: &Channel, dispatcher: &Dispatcher, msg: &[u8]) {
-    let (unique, reply) = match protocol::decode(msg) {
-        Ok(req) => (req.header.unique, dispatcher.handle(&req)),
+/// Decode and handle one whole request: its unique id and reply, or None for a header too
+/// broken to answer.
+fn handle(dispatcher: &Dispatcher, msg: &[u8]) -> Option<(u64, Reply)> {
+    match protocol::decode(msg) {
+        Ok(req) => Some((req.header.unique, dispatcher.handle(&req))),
         Err(e) => match e.unique {
             Some(u) => {
                 tracing::warn!("malformed request {u}: {}", e.why);
-                (u, Reply::Error(e.errno))
+                Some((u, Reply::Error(e.errno)))
             }
             None => {
                 tracing::warn!("unreadable request header ({} bytes): {}", msg.len(), e.why);
-                return;
+                None
             }
         },
-    };
+    }
+}
+
+/// Send the reply to request `unique`.
+fn deliver(chan: &Channel, unique: u64, reply: &Reply) {
     chan.served.fetch_add(1, Ordering::Relaxed);
-    if let Err(e) = chan.send(unique, &reply) {
+    if let Err(e) = chan.send(unique, reply) {
         if e.raw_os_error() != Some(libc::ENODEV) {
             tracing::warn!("reply to request {unique} failed: {e}");
         }
     }
 }
 
+/// Decode, handle and answer one whole request.
+fn answer(chan: &Channel, dispatcher: &Dispatcher, msg: &[u8]) {
+    if let Some((unique, reply)) = handle(dispatcher, msg) {
+        deliver(chan, unique, &reply);
+    }
+}
+
 /// Serve requests on `chan` until the connection ends. Runs on each transport thread: it
-/// reads a request and answers it itself when it only reads, or when another thread is ready
-/// to read the next one and the shard of its inode is free; otherwise the shard's worker does.
+/// reads a request and answers it itself when it only reads, or when another thread can be
+/// spared to read the next one ([`Channel::spare`]) and the shard of its inode is free;
+/// otherwise the shard's worker does.
 pub fn serve_loop(
     chan: &Arc<Channel>,
     shards: &Arc<Shards>,
     dispatcher: &Dispatcher,
     buf_size: usize,
 ) {
+    chan.readers.fetch_add(1, Ordering::AcqRel);
+    let _reader = Reader(chan);
     let mut buf = vec![0u8; buf_size];
     loop {
         let n = match chan.receive(&mut buf) {
@@ -164,8 +201,16 @@ pub fn serve_loop(
                 continue;
             }
         };
-        if chan.reader_waiting() && shards.try_inline(key, |d| answer(chan, d, msg)).is_some() {
-            continue;
+        if let Some(spared) = chan.spare() {
+            if let Some(answered) = shards.try_inline(key, |d| handle(d, msg)) {
+                // Free the thread before the reply wakes the caller, whose next request may
+                // reach another thread at once.
+                drop(spared);
+                if let Some((unique, reply)) = answered {
+                    deliver(chan, unique, &reply);
+                }
+                continue;
+            }
         }
         let owned = msg.to_vec();
         let chan = chan.clone();
