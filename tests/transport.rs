@@ -142,7 +142,8 @@ fn the_kill_switch_keeps_dev_fuse_even_when_offered() {
 /// A write(2) in write-through mode waits for its WRITE's reply, so each hand-off to another
 /// thread is latency the writer pays. A lone writer's WRITEs run on the transport thread that
 /// read them, on both transports (proven by the server's count of requests it handed to
-/// workers); the same writes with the ring's barrier rule still hand its fsyncs over.
+/// workers); a ring thread, the only reader of its queue, still hands over its fsyncs and
+/// WRITEs larger than 64 KiB.
 #[test]
 fn a_lone_writers_requests_run_where_they_are_read() {
     use std::io::Write;
@@ -191,6 +192,18 @@ fn a_lone_writers_requests_run_where_they_are_read() {
             .chunks(4096)
             .enumerate()
             .all(|(i, c)| c == [i as u8; 4096]));
+        // Writeback-sized WRITEs may wait for the pending-byte cap: a ring thread hands them on.
+        let mut big = fs::File::create(m.path("big")).unwrap();
+        for i in 0..8u8 {
+            big.write_all(&vec![i; 1 << 20]).unwrap();
+        }
+        drop(big);
+        let last = common::settled_record(pid);
+        let handed = last.worker_requests - after.worker_requests;
+        if ring == "Y" {
+            assert!(handed >= 4, "8 WRITEs of 1 MiB, {handed} handed to workers");
+        }
+        assert_eq!(fs::metadata(m.path("big")).unwrap().len(), 8 << 20);
         m.unmount();
     }
 }

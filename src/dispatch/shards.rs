@@ -61,9 +61,10 @@ pub const LARGE_WRITE: usize = 64 * 1024;
 
 /// Whether a request may wait long in the server, so a transport thread that is the only
 /// reader of its queue hands it to a worker instead of running it: barriers (a commit and an
-/// fdatasync), and WRITEs over [`LARGE_WRITE`] bytes, which mostly come from the kernel's writeback (no
-/// caller waits on one alone, and a hop costs little beside the copy) and are the ones that
-/// wait when the pending-byte cap is reached. `len` is the request's length from its header.
+/// fdatasync), and WRITEs over [`LARGE_WRITE`] bytes, which mostly come from the kernel's
+/// writeback (no caller waits on one alone, and a hop costs little beside the copy) and are
+/// the ones that wait when the pending-byte cap is reached. `len` is the request's length from
+/// its header.
 pub fn may_block(opcode: u32, len: u32) -> bool {
     use crate::abi::Opcode as O;
     match O::from_u32(opcode) {
@@ -150,7 +151,11 @@ impl Shards {
             return;
         }
         let shard = shard_of(key, senders.len());
-        let state = &self.states[shard];
+        let Some(state) = self.states.get(shard) else {
+            drop(senders);
+            job(&self.dispatcher);
+            return;
+        };
         state.queued.fetch_add(1, Ordering::Acquire);
         match senders[shard].send(job) {
             Ok(()) => {
@@ -178,7 +183,10 @@ impl Shards {
             drop(senders);
             return Some(f(&self.dispatcher));
         }
-        let state = &self.states[shard_of(key, senders.len())];
+        let Some(state) = self.states.get(shard_of(key, senders.len())) else {
+            drop(senders);
+            return Some(f(&self.dispatcher));
+        };
         drop(senders);
         if state.queued.load(Ordering::Acquire) != 0 {
             return None;

@@ -424,9 +424,9 @@ impl Queue {
     }
 
     /// Run entry `idx`'s request here if it only reads, or if it cannot block for long (see
-    /// [`may_block`]) and the shard of its inode is free (this thread is its queue's only reader, and a request from
-    /// this CPU is best served on it); else hand it to the shard's worker. Either way the entry
-    /// is committed once its reply is in place.
+    /// [`may_block`]) and the shard of its inode is free (this thread is its queue's only
+    /// reader, and a request from this CPU is best served on it); else hand it to the shard's
+    /// worker. Either way the entry is committed once its reply is in place.
     fn dispatch(&mut self, fd: RawFd, idx: usize, shards: &Shards) {
         let field = |range: std::ops::Range<usize>| {
             self.entries[idx]
