@@ -20,7 +20,9 @@ knob_table! {
     fuse_uring_depth: U64 = 8, [1, 256], Policy, "AGENTFS_FUSE_URING_DEPTH",
         "Ring entries per queue (one queue per possible CPU); each entry pins a max_write-sized buffer.";
     fuse_noopen: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOOPEN",
-        "Answer OPEN and OPENDIR with ENOSYS so the kernel stops sending them (and RELEASE); no state is keyed to open files.";
+        "Answer OPEN with ENOSYS so the kernel stops sending it (and RELEASE) for files; no state is keyed to open files.";
+    fuse_noopendir: Bool = false, [0, 1], Policy, "AGENTFS_FUSE_NOOPENDIR",
+        "Answer OPENDIR with ENOSYS so the kernel opens directories without asking and keeps their listings in its own cache (FOPEN_CACHE_DIR). Off by default: two listings that fill that cache at once can leave in it one read before a change, which later listings then show (kernel-notes/fuse-server-facts.md).";
     fuse_noflush: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOFLUSH",
         "Answer FLUSH with ENOSYS so close(2) costs no request; the kernel still writes dirty pages back before close returns.";
     fuse_killpriv_v2: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_KILLPRIV_V2",

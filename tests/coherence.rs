@@ -74,6 +74,15 @@ fn noopen_coherence_agentfs_classic_open() {
     );
 }
 
+#[test]
+fn noopen_coherence_agentfs_zero_message_opendir() {
+    on_agentfs(
+        "noopen_coherence_agentfs_zero_message_opendir",
+        NOOPEN,
+        &[("AGENTFS_FUSE_NOOPENDIR", "1")],
+    );
+}
+
 // ---- flush-coherence.py ----
 
 #[test]

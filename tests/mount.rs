@@ -390,6 +390,38 @@ fn small_writes_cost_no_request_each() {
     }
 }
 
+/// OPENDIR is answered by default, so the kernel keeps no listing cache of its own (its fill
+/// can race a change, see kernel-notes): ten listings of an unchanged directory are ten rounds
+/// of requests. `AGENTFS_FUSE_NOOPENDIR=1` opens directories without asking, and the kernel
+/// then serves the same listings from its cache.
+#[test]
+fn listings_reach_the_server_unless_the_kernel_cache_is_asked_for() {
+    if !fuse_or_skip("listings_reach_the_server_unless_the_kernel_cache_is_asked_for") {
+        return;
+    }
+    for (knob, bound) in [("0", 20..u64::MAX), ("1", 0..10)] {
+        let mut m = Mounted::with_env(&[("AGENTFS_FUSE_NOOPENDIR", knob)]);
+        let dir = m.path("d");
+        fs::create_dir(&dir).unwrap();
+        for i in 0..10 {
+            fs::write(dir.join(format!("f{i}")), b"x").unwrap();
+        }
+        let list = || fs::read_dir(&dir).unwrap().count();
+        assert_eq!(list(), 10);
+        let pid = m.server_pid();
+        let before = served(pid);
+        for _ in 0..10 {
+            assert_eq!(list(), 10);
+        }
+        let spent = served(pid) - before;
+        assert!(
+            bound.contains(&spent),
+            "AGENTFS_FUSE_NOOPENDIR={knob}: ten listings cost {spent} requests"
+        );
+        m.unmount();
+    }
+}
+
 /// The mount's readahead is raised to `AGENTFS_FUSE_READAHEAD_KIB` (1 MiB by default), so a
 /// cold sequential read of 16 MiB takes about 16 READs; the kernel's own 128 KiB (the knob at
 /// 0) takes about 128.

@@ -250,11 +250,12 @@ impl Dispatcher {
             Operation::Link { oldnodeid, newname } => name_ok(newname)
                 .and_then(|n| self.fs.link(Ino(*oldnodeid), ino, n))
                 .map(|a| self.entry(a)),
-            // Zero-message opens: after one ENOSYS the kernel opens files and directories
-            // without asking (fh = 0 from then on) and sends no RELEASE.
-            Operation::Open { .. } | Operation::Opendir { .. } if self.knobs.fuse_noopen => {
-                Err(Errno::ENOSYS)
-            }
+            // Zero-message opens: after one ENOSYS the kernel opens files (directories) without
+            // asking (fh = 0 from then on) and sends no RELEASE (RELEASEDIR). A directory
+            // opened that way also gets FOPEN_CACHE_DIR, so OPENDIR is answered by default,
+            // without that flag: the kernel's listing cache can keep a stale listing.
+            Operation::Open { .. } if self.knobs.fuse_noopen => Err(Errno::ENOSYS),
+            Operation::Opendir { .. } if self.knobs.fuse_noopendir => Err(Errno::ENOSYS),
             Operation::Open { .. } => Ok(Reply::Data(reply::open(&self.open_out()))),
             Operation::Opendir { .. } => Ok(Reply::Data(reply::open(&abi::OpenOut::default()))),
             Operation::Flush { .. } if self.knobs.fuse_noflush => Err(Errno::ENOSYS),
