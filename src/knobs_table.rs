@@ -21,8 +21,8 @@ knob_table! {
         "Ring entries per queue (one queue per possible CPU); each entry pins a max_write-sized buffer.";
     fuse_noopen: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOOPEN",
         "Answer OPEN with ENOSYS so the kernel stops sending it (and RELEASE) for files; no state is keyed to open files.";
-    fuse_noopendir: Bool = false, [0, 1], Policy, "AGENTFS_FUSE_NOOPENDIR",
-        "Answer OPENDIR with ENOSYS so the kernel opens directories without asking and keeps their listings in its own cache (FOPEN_CACHE_DIR). Off by default: two listings that fill that cache at once can leave in it one read before a change, which later listings then show (kernel-notes/fuse-server-facts.md).";
+    fuse_noopendir: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOOPENDIR",
+        "Answer OPENDIR with ENOSYS so the kernel opens directories without asking and serves repeated listings from its own cache (FOPEN_CACHE_DIR), which the server guards against stale fills (0 = OPENDIR answered, every listing a request).";
     fuse_noflush: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOFLUSH",
         "Answer FLUSH with ENOSYS so close(2) costs no request; the kernel still writes dirty pages back before close returns.";
     fuse_killpriv_v2: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_KILLPRIV_V2",

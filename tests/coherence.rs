@@ -75,11 +75,11 @@ fn noopen_coherence_agentfs_classic_open() {
 }
 
 #[test]
-fn noopen_coherence_agentfs_zero_message_opendir() {
+fn noopen_coherence_agentfs_classic_opendir() {
     on_agentfs(
-        "noopen_coherence_agentfs_zero_message_opendir",
+        "noopen_coherence_agentfs_classic_opendir",
         NOOPEN,
-        &[("AGENTFS_FUSE_NOOPENDIR", "1")],
+        &[("AGENTFS_FUSE_NOOPENDIR", "0")],
     );
 }
 

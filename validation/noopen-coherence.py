@@ -3,9 +3,9 @@
 
     python3 validation/noopen-coherence.py DIR [-k PATTERN]... [--list] [--timeout-scale F]
 
-AgentFS answers OPEN with ENOSYS by default ("no-open": the kernel opens files without asking,
-keeps the page cache across opens and sends no RELEASE); AGENTFS_FUSE_NOOPEN=0 restores the
-classic OPEN/RELEASE exchange, and AGENTFS_FUSE_NOOPENDIR=1 extends no-open to directories. Every check here must pass in both modes, and on ext4:
+AgentFS answers OPEN/OPENDIR with ENOSYS by default ("no-open": the kernel opens without
+asking, keeps the page cache across opens and sends no RELEASE); AGENTFS_FUSE_NOOPEN=0 and
+AGENTFS_FUSE_NOOPENDIR=0 restore the classic OPEN/RELEASE and OPENDIR/RELEASEDIR exchanges. Every check here must pass in both modes, and on ext4:
 open/close cycles, close-to-open coherence between processes (also after truncate+rewrite of the
 same size, across rename-over and unlink+recreate of the same name: the page cache must never
 serve stale bytes), unlink-while-open, many fds in several processes, mmap MAP_SHARED, O_TRUNC,

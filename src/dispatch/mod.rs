@@ -5,6 +5,7 @@
 
 mod acl;
 mod attr;
+mod fills;
 pub mod fs;
 mod privs;
 mod refs;
@@ -49,7 +50,14 @@ pub struct Dispatcher {
     knobs: Knobs,
     /// Set once by INIT, before any other request is served.
     negotiated: OnceLock<Negotiated>,
+    /// Open fills of the kernel's listing cache (zero-message opendir only).
+    fills: Option<fills::Fills>,
+    /// Sends a notification to the kernel; set by the session once the channel exists.
+    notifier: OnceLock<Notifier>,
 }
+
+/// Writes one complete notification message to the kernel.
+pub type Notifier = Box<dyn Fn(&[u8]) + Send + Sync>;
 
 fn name_ok(name: &[u8]) -> Result<&[u8], Errno> {
     if name.len() > 255 {
@@ -71,6 +79,44 @@ impl Dispatcher {
             },
             knobs: knobs.clone(),
             negotiated: OnceLock::new(),
+            fills: knobs.fuse_noopendir.then(fills::Fills::default),
+            notifier: OnceLock::new(),
+        }
+    }
+
+    /// Install the sender of notifications (once; later calls are ignored).
+    pub fn set_notifier(&self, n: Notifier) {
+        let _ = self.notifier.set(n);
+    }
+
+    /// The entries of these directories changed (see [`fills`]).
+    fn listed_changed(&self, dirs: &[Ino]) {
+        if let Some(f) = &self.fills {
+            for d in dirs {
+                f.changed(*d);
+            }
+        }
+    }
+
+    /// Bookkeeping of a READDIR(PLUS) of `dir` at `offset`, around reading it: `begin` before,
+    /// then `end` with whether the reply is empty (the end of the listing).
+    fn fill_begin(&self, dir: Ino, offset: u64) {
+        if let (Some(f), 0) = (&self.fills, offset) {
+            f.begin(dir);
+        }
+    }
+
+    fn fill_end(&self, dir: Ino, reply: &Result<Reply, Errno>) {
+        let Some(f) = &self.fills else {
+            return;
+        };
+        if !matches!(reply, Ok(Reply::Data(d)) if d.is_empty()) {
+            return;
+        }
+        if f.end(dir) {
+            if let Some(n) = self.notifier.get() {
+                n(&reply::notify_inval_inode(dir.0, 0, 0));
+            }
         }
     }
 
@@ -224,23 +270,27 @@ impl Dispatcher {
             Operation::Readlink => self.fs.readlink(ino).map(Reply::Data),
             Operation::Symlink { name, target } => name_ok(name)
                 .and_then(|n| self.fs.symlink(ino, n, target, caller))
-                .map(|a| self.entry(a)),
+                .map(|a| self.changed_entry(ino, a)),
             Operation::Mknod {
                 name, mode, rdev, ..
             } => name_ok(name)
                 .and_then(|n| self.fs.mknod(ino, n, *mode, *rdev, caller))
-                .map(|a| self.entry(a)),
+                .map(|a| self.changed_entry(ino, a)),
             Operation::Mkdir { name, mode, .. } => name_ok(name)
                 .and_then(|n| self.fs.mkdir(ino, n, *mode, caller))
-                .map(|a| self.entry(a)),
+                .map(|a| self.changed_entry(ino, a)),
             Operation::Unlink { name } => {
                 let victim = self.fs.peek(ino, name);
                 self.fs.unlink(ino, name, &self.refs).map(|_| {
                     self.note_victim(victim);
+                    self.listed_changed(&[ino]);
                     empty()
                 })
             }
-            Operation::Rmdir { name } => self.fs.rmdir(ino, name, &self.refs).map(|_| empty()),
+            Operation::Rmdir { name } => self.fs.rmdir(ino, name, &self.refs).map(|_| {
+                self.listed_changed(&[ino]);
+                empty()
+            }),
             Operation::Rename {
                 newdir,
                 name,
@@ -249,11 +299,11 @@ impl Dispatcher {
             } => self.rename(ino, name, Ino(*newdir), newname, *flags),
             Operation::Link { oldnodeid, newname } => name_ok(newname)
                 .and_then(|n| self.fs.link(Ino(*oldnodeid), ino, n))
-                .map(|a| self.entry(a)),
+                .map(|a| self.changed_entry(ino, a)),
             // Zero-message opens: after one ENOSYS the kernel opens files (directories) without
             // asking (fh = 0 from then on) and sends no RELEASE (RELEASEDIR). A directory
-            // opened that way also gets FOPEN_CACHE_DIR, so OPENDIR is answered by default,
-            // without that flag: the kernel's listing cache can keep a stale listing.
+            // opened that way also gets FOPEN_CACHE_DIR: the kernel caches its listing, which
+            // `fills` guards. An answered OPENDIR carries no flag: no kernel listing cache.
             Operation::Open { .. } if self.knobs.fuse_noopen => Err(Errno::ENOSYS),
             Operation::Opendir { .. } if self.knobs.fuse_noopendir => Err(Errno::ENOSYS),
             Operation::Open { .. } => Ok(Reply::Data(reply::open(&self.open_out()))),
@@ -300,8 +350,18 @@ impl Dispatcher {
             }
             Operation::Listxattr { size } => self.fs.listxattr(ino).and_then(|v| sized(v, *size)),
             Operation::Removexattr { name } => self.fs.removexattr(ino, name).map(|_| empty()),
-            Operation::Readdir { offset, size, .. } => self.readdir(ino, *offset, *size),
-            Operation::Readdirplus { offset, size, .. } => self.readdirplus(ino, *offset, *size),
+            Operation::Readdir { offset, size, .. } => {
+                self.fill_begin(ino, *offset);
+                let out = self.readdir(ino, *offset, *size);
+                self.fill_end(ino, &out);
+                out
+            }
+            Operation::Readdirplus { offset, size, .. } => {
+                self.fill_begin(ino, *offset);
+                let out = self.readdirplus(ino, *offset, *size);
+                self.fill_end(ino, &out);
+                out
+            }
             Operation::Fallocate {
                 offset,
                 length,
@@ -363,6 +423,12 @@ impl Dispatcher {
     }
 
     /// An entry reply for a new kernel reference.
+    /// [`Dispatcher::entry`] for a name just made in `parent`.
+    fn changed_entry(&self, parent: Ino, e: Entry) -> Reply {
+        self.listed_changed(&[parent]);
+        self.entry(e)
+    }
+
     fn entry(&self, e: Entry) -> Reply {
         self.refs.add(e.node, 1);
         Reply::Data(reply::entry(&attr::entry_out(
@@ -409,6 +475,7 @@ impl Dispatcher {
         let name = name_ok(name)?;
         let mode = (mode & 0o7777) | libc::S_IFREG;
         let e = self.fs.mknod(parent, name, mode, 0, caller)?;
+        self.listed_changed(&[parent]);
         self.refs.add(e.node, 1);
         let entry = attr::entry_out(&e, self.ttl.entry, self.ttl.attr);
         Ok(Reply::Data(reply::create(&entry, &self.open_out())))
@@ -510,6 +577,7 @@ impl Dispatcher {
         self.fs
             .rename(parent, name, newparent, name_new, f, &self.refs)?;
         self.note_victim(victim);
+        self.listed_changed(&[parent, newparent]);
         Ok(empty())
     }
 

@@ -81,6 +81,14 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
         Err(e) => return Err(SessionError::Other(e)),
     };
     let dispatcher = Arc::new(Dispatcher::new(fs, knobs));
+    let notify_chan = chan.clone();
+    dispatcher.set_notifier(Box::new(move |m| {
+        if let Err(e) = notify_chan.send_raw(m, &[]) {
+            if e.raw_os_error() != Some(libc::ENODEV) {
+                tracing::warn!("notification failed: {e}");
+            }
+        }
+    }));
 
     let Handshake { negotiated, queues } = match handshake(&chan, &dispatcher, knobs) {
         Ok(h) => h,
