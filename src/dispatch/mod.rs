@@ -98,26 +98,27 @@ impl Dispatcher {
         }
     }
 
-    /// Bookkeeping of a READDIR(PLUS) of `dir` at `offset`, around reading it: `begin` before,
-    /// then `end` with whether the reply is empty (the end of the listing).
-    fn fill_begin(&self, dir: Ino, offset: u64) {
-        if let (Some(f), 0) = (&self.fills, offset) {
+    /// A READDIR(PLUS) of `dir` at `offset`, answered by `read`, as a step of a fill of the
+    /// kernel's listing cache: offset 0 begins one, an empty reply ends it (see [`fills`]).
+    fn listing(
+        &self,
+        dir: Ino,
+        offset: u64,
+        read: impl FnOnce() -> Result<Reply, Errno>,
+    ) -> Result<Reply, Errno> {
+        let Some(f) = &self.fills else {
+            return read();
+        };
+        if offset == 0 {
             f.begin(dir);
         }
-    }
-
-    fn fill_end(&self, dir: Ino, reply: &Result<Reply, Errno>) {
-        let Some(f) = &self.fills else {
-            return;
-        };
-        if !matches!(reply, Ok(Reply::Data(d)) if d.is_empty()) {
-            return;
-        }
-        if f.end(dir) {
+        let out = read();
+        if matches!(&out, Ok(Reply::Data(d)) if d.is_empty()) && f.end(dir) {
             if let Some(n) = self.notifier.get() {
                 n(&reply::notify_inval_inode(dir.0, 0, 0));
             }
         }
+        out
     }
 
     /// The inodes the kernel may cache (the root and every referenced inode): the ones to
@@ -351,16 +352,10 @@ impl Dispatcher {
             Operation::Listxattr { size } => self.fs.listxattr(ino).and_then(|v| sized(v, *size)),
             Operation::Removexattr { name } => self.fs.removexattr(ino, name).map(|_| empty()),
             Operation::Readdir { offset, size, .. } => {
-                self.fill_begin(ino, *offset);
-                let out = self.readdir(ino, *offset, *size);
-                self.fill_end(ino, &out);
-                out
+                self.listing(ino, *offset, || self.readdir(ino, *offset, *size))
             }
             Operation::Readdirplus { offset, size, .. } => {
-                self.fill_begin(ino, *offset);
-                let out = self.readdirplus(ino, *offset, *size);
-                self.fill_end(ino, &out);
-                out
+                self.listing(ino, *offset, || self.readdirplus(ino, *offset, *size))
             }
             Operation::Fallocate {
                 offset,
@@ -422,13 +417,13 @@ impl Dispatcher {
         self.fs.forget(node, n, &self.refs);
     }
 
-    /// An entry reply for a new kernel reference.
     /// [`Dispatcher::entry`] for a name just made in `parent`.
     fn changed_entry(&self, parent: Ino, e: Entry) -> Reply {
         self.listed_changed(&[parent]);
         self.entry(e)
     }
 
+    /// An entry reply for a new kernel reference.
     fn entry(&self, e: Entry) -> Reply {
         self.refs.add(e.node, 1);
         Reply::Data(reply::entry(&attr::entry_out(

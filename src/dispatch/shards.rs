@@ -142,16 +142,20 @@ impl Shards {
         })
     }
 
+    /// The shard of inode `key` among `workers` running ones (index and state); None when
+    /// there are none, and the caller runs its work itself.
+    fn shard(&self, key: u64, workers: usize) -> Option<(usize, &ShardState)> {
+        if workers == 0 {
+            return None;
+        }
+        let i = shard_of(key, workers);
+        self.states.get(i).map(|s| (i, s.as_ref()))
+    }
+
     /// Run `job` on the shard that owns inode `key`, or inline when there are no workers.
     pub fn submit(&self, key: u64, job: Job) {
         let senders = self.senders.read();
-        if senders.is_empty() {
-            drop(senders);
-            job(&self.dispatcher);
-            return;
-        }
-        let shard = shard_of(key, senders.len());
-        let Some(state) = self.states.get(shard) else {
+        let Some((shard, state)) = self.shard(key, senders.len()) else {
             drop(senders);
             job(&self.dispatcher);
             return;
@@ -178,16 +182,10 @@ impl Shards {
     /// order: nothing of the shard is queued or running (else `None`, and the caller submits).
     /// Without workers (none configured, or stopped) it always runs here.
     pub fn try_inline<R>(&self, key: u64, f: impl FnOnce(&Dispatcher) -> R) -> Option<R> {
-        let senders = self.senders.read();
-        if senders.is_empty() {
-            drop(senders);
-            return Some(f(&self.dispatcher));
-        }
-        let Some(state) = self.states.get(shard_of(key, senders.len())) else {
-            drop(senders);
+        let workers = self.senders.read().len();
+        let Some((_, state)) = self.shard(key, workers) else {
             return Some(f(&self.dispatcher));
         };
-        drop(senders);
         if state.queued.load(Ordering::Acquire) != 0 {
             return None;
         }

@@ -79,6 +79,14 @@ impl PartialOrigin {
         }
     }
 
+    /// An I/O error on the base file, as a message naming it.
+    fn base_err(&self, e: std::io::Error) -> String {
+        format!(
+            "inode {}: base file {}: {e}",
+            self.delta_ino, self.base_path
+        )
+    }
+
     /// Open the base file and compare the recorded fingerprint with it; the file returned is
     /// the one checked, for reading.
     pub fn check_base(&self) -> Result<std::fs::File, String> {
@@ -88,18 +96,8 @@ impl PartialOrigin {
             Path::new(&self.base_path),
             libc::O_RDONLY | libc::O_NONBLOCK,
         )
-        .map_err(|e| {
-            format!(
-                "inode {}: base file {}: {e}",
-                self.delta_ino, self.base_path
-            )
-        })?;
-        let md = f.metadata().map_err(|e| {
-            format!(
-                "inode {}: base file {}: {e}",
-                self.delta_ino, self.base_path
-            )
-        })?;
+        .map_err(|e| self.base_err(e))?;
+        let md = f.metadata().map_err(|e| self.base_err(e))?;
         self.check_fingerprint(&md)?;
         Ok(f)
     }
@@ -160,12 +158,6 @@ impl PartialOrigin {
         mut f: impl FnMut(u64, &[u8]) -> Result<(), String>,
     ) -> Result<(), String> {
         let base = self.check_base()?;
-        let base_err = |e: std::io::Error| {
-            format!(
-                "inode {}: base file {}: {e}",
-                self.delta_ino, self.base_path
-            )
-        };
         let base_len = u64::try_from(self.expected_size()).unwrap_or(0);
         let overrides: std::collections::HashSet<i64> = {
             let mut st = c
@@ -185,7 +177,8 @@ impl PartialOrigin {
             let start = idx * cs;
             let end = ((idx + 1) * cs).min(size).min(base_len);
             buf.resize(end.saturating_sub(start) as usize, 0);
-            base.read_exact_at(&mut buf, start).map_err(base_err)?;
+            base.read_exact_at(&mut buf, start)
+                .map_err(|e| self.base_err(e))?;
             f(idx, &buf)?;
         }
         Ok(())

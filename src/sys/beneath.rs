@@ -307,7 +307,6 @@ impl Beneath {
         Ok(())
     }
 
-    /// Set the permission bits of the file or directory `rel` (never through a symlink).
     /// Give `rel` itself (a symlink is not followed) the owner `owner`; None does nothing.
     pub fn chown(&self, rel: &[u8], owner: Option<(u32, u32)>) -> io::Result<()> {
         let Some((uid, gid)) = owner else {
@@ -327,6 +326,7 @@ impl Beneath {
         Ok(())
     }
 
+    /// Set the permission bits of the file or directory `rel` (never through a symlink).
     pub fn chmod(&self, rel: &[u8], mode: u32) -> io::Result<()> {
         let fd = self.open_at(rel, libc::O_RDONLY | libc::O_NONBLOCK)?;
         // SAFETY: `fd` is a valid open descriptor.

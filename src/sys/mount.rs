@@ -251,7 +251,6 @@ fn receive_fd(sock: &UnixStream) -> Option<OwnedFd> {
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Unmount `mnt`. `lazy` detaches it even while busy. Non-root goes through fusermount3.
 /// Set the readahead of the mount at `mnt` to `kib` KiB through its backing device in sysfs
 /// (the kernel caps FUSE readahead, and with it the size of READ requests, at the bdi's
 /// 128 KiB default, whatever INIT says). Only root may write there.
@@ -265,6 +264,7 @@ pub fn set_readahead(mnt: &Path, kib: u64) -> std::io::Result<()> {
     )
 }
 
+/// Unmount `mnt`. `lazy` detaches it even while busy. Non-root goes through fusermount3.
 pub fn unmount(mnt: &Path, lazy: bool) -> std::io::Result<()> {
     if can_mount_directly() {
         let target = CString::new(mnt.as_os_str().as_bytes())

@@ -32,6 +32,13 @@ impl Drop for Spared<'_> {
 /// Counts a [`serve_loop`] among the channel's readers while it runs.
 struct Reader<'a>(&'a Channel);
 
+impl<'a> Reader<'a> {
+    fn new(chan: &'a Channel) -> Self {
+        chan.readers.fetch_add(1, Ordering::AcqRel);
+        Reader(chan)
+    }
+}
+
 impl Drop for Reader<'_> {
     fn drop(&mut self) {
         self.0.readers.fetch_sub(1, Ordering::AcqRel);
@@ -176,8 +183,7 @@ pub fn serve_loop(
     dispatcher: &Dispatcher,
     buf_size: usize,
 ) {
-    chan.readers.fetch_add(1, Ordering::AcqRel);
-    let _reader = Reader(chan);
+    let _reader = Reader::new(chan);
     let mut buf = vec![0u8; buf_size];
     loop {
         let n = match chan.receive(&mut buf) {
