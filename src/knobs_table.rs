@@ -63,6 +63,8 @@ knob_table! {
         "Most operations one namespace batch transaction holds before it commits.";
     batch_namespace_gap_ms: U64 = 1, [0, 60000], Policy, "AGENTFS_BATCH_NAMESPACE_GAP_MS",
         "After a namespace batch commits, operations commit one by one for this long before the next batch opens, so other processes' writers (offline agentfs commands) get the write lock under continuous load, in milliseconds.";
+    durability_window_ms: U64 = 5000, [0, 3600000], Policy, "AGENTFS_DURABILITY_WINDOW_MS",
+        "Committed work is made durable (an fdatasync of the -wal) at most this long after the first commit no barrier covered, like ext4's commit=5, in milliseconds (0 = only barriers make it durable).";
     cache: Bool = true, [0, 1], KillSwitch, "AGENTFS_CACHE",
         "Server-side caches of attributes, name lookups and directory listings, keyed by inode (0 = every request reads SQLite).";
     cache_attr_cap: U64 = 65536, [0, 16777216], Policy, "AGENTFS_CACHE_ATTR_CAP",
@@ -75,6 +77,8 @@ knob_table! {
         "How often a mounted server checks whether another process committed to the database (then it drops its caches and tells the kernel), in milliseconds (0 = never).";
     log: Str = "warn", [0, 0], Policy, "AGENTFS_LOG",
         "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug).";
+    fault_commit: Str = "", [0, 0], Policy, "AGENTFS_FAULT_COMMIT",
+        "Tests only: while the file this names exists, every COMMIT of the server fails with EIO and is rolled back, as a failing disk would make it (empty = off).";
     require_fuse: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_FUSE",
         "Tests: a missing /dev/fuse is a failure instead of a skip (CI sets 1).";
     bench_quick: Bool = false, [0, 1], Policy, "AGENTFS_BENCH_QUICK",

@@ -80,6 +80,8 @@ pub struct Caches {
     lookup: Option<lru::Lru<Vec<u8>, Option<Ino>>>,
     dirs: Option<lru::Lru<Ino, Arc<Listing>>>,
     readdir_cap: usize,
+    /// Told every changed name, also with the caches off: the names a lost commit undoes.
+    journal: std::sync::OnceLock<Arc<crate::store::Failure>>,
 }
 
 fn name_key(parent: Ino, name: &[u8]) -> Vec<u8> {
@@ -102,7 +104,13 @@ impl Caches {
             lookup: lru::Lru::new(cfg.lookup, SHARDS),
             dirs: lru::Lru::new(cfg.readdir, 1),
             readdir_cap: cfg.readdir,
+            journal: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Report every changed name to `j` from now on (once; later calls are ignored).
+    pub fn set_journal(&self, j: Arc<crate::store::Failure>) {
+        let _ = self.journal.set(j);
     }
 
     /// Take before reading the database; pass to the `put_*` calls afterwards.
@@ -168,6 +176,9 @@ impl Caches {
     /// The name `name` in `parent` appeared, vanished or now names another inode; the
     /// directory's listing and attributes (times, link count) changed with it.
     pub fn entry_changed(&self, parent: Ino, name: &[u8]) {
+        if let Some(j) = self.journal.get() {
+            j.touched(parent, name);
+        }
         if let Some(m) = &self.lookup {
             m.remove(name_key(parent, name).as_slice());
         }

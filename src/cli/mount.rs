@@ -77,7 +77,7 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
         options: options.clone(),
     };
     if a.foreground {
-        session::run(&cfg, knobs, &mut ()).map_err(|e| e.to_string())?;
+        session::run(&cfg, knobs, &mut (), None).map_err(|e| e.to_string())?;
         return Ok(0);
     }
     launch_background(&a)
@@ -126,7 +126,16 @@ fn run_child(a: &Args, options: MountOptions, knobs: &Knobs) -> super::CliResult
     };
     let stdout = crate::sys::stdio::take_stdout();
     let mut ready = PipeReady(stdout);
-    match session::run(&cfg, knobs, &mut ready) {
+    // Standard error (the log) goes to a file `agentfs status` names.
+    let log = crate::sys::registry::log_path(std::process::id());
+    let log = match crate::sys::stdio::stderr_to(&log) {
+        Ok(()) => Some(log),
+        Err(e) => {
+            tracing::warn!("cannot log to {}: {e}", log.display());
+            None
+        }
+    };
+    match session::run(&cfg, knobs, &mut ready, log) {
         Ok(()) => Ok(0),
         Err(e) => {
             if let Some(mut f) = ready.0.take() {

@@ -29,6 +29,12 @@ pub fn run(_: Args) -> super::CliResult {
             s.db.display(),
             if live { "" } else { " (not mounted)" }
         );
+        if let Some(log) = &s.log {
+            println!("{:<8} log: {}", "", log.display());
+        }
+        if !s.lost.is_empty() {
+            println!("{:<8} FAILED: {}", "", s.lost);
+        }
     }
     for m in mounted
         .iter()

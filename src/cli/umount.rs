@@ -1,10 +1,14 @@
-//! `agentfs umount MNT [--force]`
+//! `agentfs umount MNT [--force]`: unmount, then wait for the server's final commit and
+//! report its outcome (exit status 1 and what was lost when a commit failed).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::sys::{mount, mounts, registry};
 
+/// Unmount, then wait until the server has committed everything, made it durable and folded
+/// the WAL into the database file (it exits then), so the database is final when this
+/// returns. Exits non-zero, saying what was lost, when the server reports a failed commit.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The mount point.
@@ -13,7 +17,7 @@ pub struct Args {
     /// requests fail with ENOTCONN; data not yet synced may be lost. Safe to repeat.
     #[arg(long)]
     pub force: bool,
-    /// How long to wait for the server to finish writing after the unmount, in seconds.
+    /// How long to wait for the server's final commit after the unmount, in seconds.
     #[arg(long, default_value_t = 60)]
     pub wait: u64,
 }
@@ -49,20 +53,43 @@ pub fn run(a: Args) -> super::CliResult {
         })?;
     }
     // The server finishes its last commit and checkpoint after the kernel lets go.
-    if let Some(rec) = server {
-        let proc_dir = PathBuf::from(format!("/proc/{}", rec.pid));
-        let deadline = Instant::now() + Duration::from_secs(a.wait);
-        while proc_dir.exists() && !is_zombie(&proc_dir) {
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "unmounted, but server pid {} is still running after {}s",
-                    rec.pid, a.wait
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+    let Some(rec) = server else {
+        return Ok(0);
+    };
+    let proc_dir = PathBuf::from(format!("/proc/{}", rec.pid));
+    let deadline = Instant::now() + Duration::from_secs(a.wait);
+    while proc_dir.exists() && !is_zombie(&proc_dir) {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "unmounted {}, but server pid {} is still writing the database after {}s \
+                 (the database is not final until it exits)",
+                mnt.display(),
+                rec.pid,
+                a.wait
+            ));
         }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(0)
+    let log = rec
+        .log
+        .map(|l| format!(" (log: {})", l.display()))
+        .unwrap_or_default();
+    match registry::take_exit(rec.pid) {
+        Some(Ok(())) => Ok(0),
+        // --force aborts the connection: whatever the server reports, the user was warned.
+        _ if a.force => Ok(0),
+        Some(Err(what)) => Err(format!(
+            "unmounted {}, but server pid {}: {what}{log}",
+            mnt.display(),
+            rec.pid
+        )),
+        None => Err(format!(
+            "unmounted {}, but server pid {} ended without reporting its final commit \
+             (killed?); acknowledged work may be lost{log}",
+            mnt.display(),
+            rec.pid
+        )),
+    }
 }
 
 fn is_zombie(proc_dir: &std::path::Path) -> bool {

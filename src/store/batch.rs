@@ -24,9 +24,9 @@
 //! calls `commit_batch` and `barrier`, so tests drive it with a fake backend that "crashes" at
 //! the Nth barrier.
 //!
-//! Errors: a failed background commit discards that inode's bytes (like a kernel writeback
-//! error), remembers the errno for the inode's next fsync and for the next syncfs, and switches
-//! writes to write-through until a commit succeeds again, so later writes see it at once.
+//! Errors: a failed commit discards that inode's bytes (like a kernel writeback error) and
+//! records the sticky [`Failure`]: every later fsync and sync reports it (the store also
+//! refuses every later write with it).
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound::{Excluded, Unbounded};
@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::failure::Failure;
 use super::{Ino, Timespec};
 use crate::errno::Errno;
 
@@ -289,12 +290,6 @@ struct State {
     /// Bytes in every `open` and `inflight` layer; never above the cap except for one write
     /// larger than the cap on an otherwise empty map.
     bytes: u64,
-    /// Commit failures not yet reported: each is reported once, by the inode's next fsync or
-    /// by the next syncfs/unmount barrier, whichever comes first (so an unmount does not fail
-    /// again for an error an fsync already returned).
-    errors: HashMap<Ino, Errno>,
-    /// The last commit failed: writes go through synchronously until one succeeds.
-    degraded: Option<Errno>,
     /// Writers blocked on the cap.
     waiting: usize,
     shutdown: bool,
@@ -373,6 +368,8 @@ impl View<'_> {
 pub struct Batcher<D: Durability> {
     backend: D,
     cfg: BatchConfig,
+    /// Where a failed commit is recorded (sticky).
+    failure: Arc<Failure>,
     /// Guards the pending map, byte count, error slots and flags.
     state: Mutex<State>,
     /// Wakes the committer (new work, urgency, shutdown).
@@ -397,10 +394,11 @@ pub enum Finish {
 }
 
 impl<D: Durability> Batcher<D> {
-    pub fn new(backend: D, cfg: BatchConfig) -> Arc<Self> {
+    pub fn new(backend: D, cfg: BatchConfig, failure: Arc<Failure>) -> Arc<Self> {
         Arc::new(Batcher {
             backend,
             cfg,
+            failure,
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
             done: Condvar::new(),
@@ -437,16 +435,6 @@ impl<D: Durability> Batcher<D> {
             let _ = h.join();
         }
         self.flush_all()
-    }
-
-    /// Whether writes must go through synchronously (the last commit failed).
-    pub fn degraded(&self) -> bool {
-        self.state.lock().degraded.is_some()
-    }
-
-    /// A successful synchronous write ends the degraded mode.
-    pub fn clear_degraded(&self) {
-        self.state.lock().degraded = None;
     }
 
     /// Acknowledge a write: its bytes join the pending map. Blocks while the global cap is
@@ -571,18 +559,16 @@ impl<D: Durability> Batcher<D> {
         self.done.notify_all();
     }
 
-    /// A commit of `b` failed: its bytes are dropped and the errno kept for the inode's next
-    /// fsync, the next syncfs, and (write-through mode) the next writes.
+    /// A commit of `b` failed: its bytes are dropped and the sticky failure recorded.
     fn failed(&self, b: &Arc<InodeBatch>, e: Errno) {
-        let mut st = self.state.lock();
-        let st = &mut *st;
         tracing::error!(
             "committing {} pending bytes of inode {} failed: {e}",
             b.extents.bytes(),
             b.ino.0
         );
-        st.errors.insert(b.ino, e);
-        st.degraded = Some(e);
+        self.failure.lost_bytes(e, b.extents.bytes());
+        let mut st = self.state.lock();
+        let st = &mut *st;
         if let Some(p) = st.inodes.get_mut(&b.ino) {
             if p.inflight.as_ref().is_some_and(|x| Arc::ptr_eq(x, b)) {
                 p.inflight = None;
@@ -596,12 +582,11 @@ impl<D: Durability> Batcher<D> {
         self.done.notify_all();
     }
 
-    /// The inode is gone (reaped): drop its pending bytes and error slot. Bytes of an
-    /// in-flight commit are dropped when it finishes (its transaction skips a missing inode).
+    /// The inode is gone (reaped): drop its pending bytes. Bytes of an in-flight commit are
+    /// dropped when it finishes (its transaction skips a missing inode).
     pub fn discard(&self, ino: Ino) {
         let mut st = self.state.lock();
         let st = &mut *st;
-        st.errors.remove(&ino);
         if let Some(p) = st.inodes.get_mut(&ino) {
             st.bytes -= p.open.bytes();
             p.open = Extents::default();
@@ -760,35 +745,23 @@ impl<D: Durability> Batcher<D> {
         }
     }
 
-    /// fsync/fdatasync: commit `ino`'s pending bytes, then a barrier. Reports a background
-    /// commit failure of the inode not reported before.
+    /// fsync/fdatasync: commit `ino`'s pending bytes, then a barrier. Reports the sticky
+    /// failure, every time.
     pub fn fsync(&self, ino: Ino) -> Result<(), Errno> {
-        let mut result = Ok(());
-        if let Some(b) = self.claim(ino) {
-            result = self.commit(vec![b]);
-        }
-        let sticky = self.state.lock().errors.remove(&ino);
+        let result = match self.claim(ino) {
+            Some(b) => self.commit(vec![b]),
+            None => Ok(()),
+        };
         let barrier = self.backend.barrier();
-        if result.is_ok() {
-            if let Some(e) = sticky {
-                result = Err(e);
-            }
-        }
-        result.and(barrier)
+        result.and(self.failure.check()).and(barrier)
     }
 
-    /// syncfs/unmount: commit everything, then a barrier. Reports a commit failure not
-    /// reported before (by an fsync or an earlier syncfs).
+    /// syncfs/unmount: commit everything, then a barrier. Reports the sticky failure, every
+    /// time.
     pub fn sync_all(&self) -> Result<(), Errno> {
-        let mut result = self.flush_all();
-        let sticky = self.state.lock().errors.drain().map(|(_, e)| e).next();
+        let result = self.flush_all();
         let barrier = self.backend.barrier();
-        if result.is_ok() {
-            if let Some(e) = sticky {
-                result = Err(e);
-            }
-        }
-        result.and(barrier)
+        result.and(self.failure.check()).and(barrier)
     }
 
     /// Bytes pending (acknowledged, not yet committed).

@@ -1,6 +1,8 @@
 //! Connections: the single writer (behind the store's mutex) and the pool of read connections,
 //! the per-connection settings, the transaction helpers (with namespace batching: one write
-//! transaction kept open across many operations, each a SAVEPOINT) and the durability barrier.
+//! transaction kept open across many operations, each a SAVEPOINT), the durability barrier
+//! and the durability window (committed work is made durable at most
+//! `AGENTFS_DURABILITY_WINDOW_MS` after it committed, without a barrier).
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -13,6 +15,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
+use super::failure::Failure;
 use crate::errno::Errno;
 
 /// Most idle read connections kept; more are opened on demand and closed when returned.
@@ -64,6 +67,9 @@ impl NamespaceBatch {
 /// operation of its window is gone, so anything cached from them must be dropped.
 pub type LostHook = Arc<dyn Fn() + Send + Sync>;
 
+/// An identity of the -wal file (st_dev, st_ino).
+type FileId = (u64, u64);
+
 /// The open batch transaction.
 struct OpenBatch {
     since: Instant,
@@ -74,9 +80,11 @@ struct OpenBatch {
 /// barrier remembers.
 pub struct Writer {
     conn: Connection,
+    /// The database file.
+    path: PathBuf,
     /// (st_dev, st_ino) of the -wal file last made durable: a different value means the file
     /// was (re)created since, so its directory entry must be synced too.
-    synced_wal: Option<(u64, u64)>,
+    synced_wal: Option<FileId>,
     /// Namespace batching policy (`None`: every transaction commits at once).
     policy: Option<NamespaceBatch>,
     batch: Option<OpenBatch>,
@@ -86,22 +94,32 @@ pub struct Writer {
     last_commit: Option<Instant>,
     /// A transaction committed since the last successful barrier.
     dirty: bool,
+    /// When the first transaction not yet made durable committed (the durability window
+    /// runs from here; `None` when everything this connection committed is durable).
+    dirty_since: Option<Instant>,
+    /// The durability window (zero: only barriers make commits durable).
+    sync_window: Duration,
+    /// Test-only fault injection (`AGENTFS_FAULT_COMMIT`): while this file exists, every
+    /// COMMIT fails with EIO.
+    fault: Option<PathBuf>,
     /// `PRAGMA data_version` at the last successful barrier (moves when another process
     /// commits to the database).
     synced_version: Option<i64>,
-    /// A batch lost by a failed COMMIT, not yet reported by a barrier.
-    lost: Option<Errno>,
-    /// After a lost batch every operation commits on its own until one succeeds, so later
-    /// operations see a persisting failure themselves.
-    degraded: bool,
+    /// The sticky failure a lost batch or a failed fdatasync records.
+    failure: Arc<Failure>,
     on_lost: Option<LostHook>,
     shutdown: bool,
 }
 
 impl Writer {
     /// Open the writer: WAL journal, synchronous=NORMAL.
-    pub fn open(path: &Path, policy: Option<NamespaceBatch>) -> rusqlite::Result<Writer> {
+    pub fn open(
+        path: &Path,
+        policy: Option<NamespaceBatch>,
+        failure: Arc<Failure>,
+    ) -> rusqlite::Result<Writer> {
         let conn = open(path, false)?;
+        let k = crate::knobs::get();
         let _: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         // Each operation in a namespace batch is a savepoint, whose statement journal SQLite
@@ -111,15 +129,18 @@ impl Writer {
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         Ok(Writer {
             conn,
+            path: path.to_path_buf(),
             synced_wal: None,
             policy,
             batch: None,
             open_flag: Arc::new(AtomicBool::new(false)),
             last_commit: None,
             dirty: true,
+            dirty_since: None,
+            sync_window: Duration::from_millis(k.durability_window_ms),
+            fault: (!k.fault_commit.is_empty()).then(|| PathBuf::from(&k.fault_commit)),
             synced_version: None,
-            lost: None,
-            degraded: false,
+            failure,
             on_lost: None,
             shutdown: false,
         })
@@ -140,7 +161,7 @@ impl Writer {
         &mut self,
         f: impl FnOnce(&Connection) -> Result<T, Errno>,
     ) -> (Result<T, Errno>, bool) {
-        let Some(policy) = self.policy.filter(|_| !self.degraded) else {
+        let Some(policy) = self.policy else {
             return (self.transact_alone(f), false);
         };
         let opened = self.batch.is_none();
@@ -209,7 +230,8 @@ impl Writer {
         }
     }
 
-    /// One immediate transaction committed at once (namespace batching off, or degraded).
+    /// One immediate transaction committed at once (namespace batching off, the gap after a
+    /// batch, a group commit).
     fn transact_alone<T>(
         &mut self,
         f: impl FnOnce(&Connection) -> Result<T, Errno>,
@@ -218,10 +240,18 @@ impl Writer {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let out = f(&tx)?;
+        // Dropping the transaction rolls it back.
+        fault(&self.fault)?;
         tx.commit()?;
-        self.dirty = true;
-        self.degraded = false;
+        self.committed();
         Ok(out)
+    }
+
+    /// A transaction committed: it is not durable until a barrier or the durability window.
+    fn committed(&mut self) {
+        self.dirty = true;
+        self.dirty_since.get_or_insert_with(Instant::now);
+        self.failure.committed();
     }
 
     /// COMMIT the open batch (a no-op when none is open). On failure the batch is rolled back
@@ -230,12 +260,12 @@ impl Writer {
         if self.batch.is_none() {
             return Ok(());
         }
-        match self.conn.execute_batch("COMMIT") {
+        match fault(&self.fault).and_then(|_| Ok(self.conn.execute_batch("COMMIT")?)) {
             Ok(()) => {
                 self.batch = None;
                 self.open_flag.store(false, Ordering::Release);
                 self.last_commit = Some(Instant::now());
-                self.dirty = true;
+                self.committed();
                 Ok(())
             }
             Err(e) => {
@@ -246,61 +276,90 @@ impl Writer {
         }
     }
 
-    /// The open batch is gone: roll back what is left of it, remember the error for the next
-    /// barrier, commit one operation at a time until a commit succeeds, tell the caches.
+    /// The open batch is gone: roll back what is left of it, record the sticky failure, tell
+    /// the caches.
     fn lose_batch(&mut self, e: Errno) {
         if !self.conn.is_autocommit() {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
         let ops = self.batch.take().map_or(0, |b| b.ops);
         self.open_flag.store(false, Ordering::Release);
-        tracing::error!("committing {ops} batched operations failed, they are lost: {e}");
-        self.lost.get_or_insert(e);
-        self.degraded = true;
         if let Some(hook) = &self.on_lost {
             hook();
         }
+        self.failure.lost_ops(e, ops);
     }
 
     /// The durability barrier: commit the open batch, then make every committed transaction
     /// durable with an fdatasync of the -wal file (or of the main file when there is no WAL).
     /// The caller holds the writer lock, so no commit races it. Skipped when provably nothing
     /// was committed since the last successful barrier (by this connection or another).
-    /// Reports a lost batch not reported by an earlier barrier.
-    pub fn sync(&mut self, db: &Path) -> Result<(), Errno> {
+    /// Reports the sticky failure (a lost batch or group commit, a failed fdatasync), every
+    /// time.
+    pub fn sync(&mut self) -> Result<(), Errno> {
         let committed = self.commit();
-        let lost = self.lost.take();
         let version: i64 = self
             .conn
             .query_row("PRAGMA data_version", [], |r| r.get(0))?;
         if self.dirty || self.synced_version != Some(version) {
-            self.fdatasync(db)?;
-            self.dirty = false;
+            self.sync_committed()?;
             self.synced_version = Some(version);
         }
         committed?;
-        lost.map_or(Ok(()), Err)
+        self.failure.check()
     }
 
-    fn fdatasync(&mut self, db: &Path) -> Result<(), Errno> {
-        let wal = wal_path(db);
-        match File::open(&wal) {
-            Ok(f) => {
-                let md = f.metadata()?;
-                f.sync_data()?;
-                let id = (md.dev(), md.ino());
-                if self.synced_wal != Some(id) {
-                    sync_parent_dir(db)?;
-                    self.synced_wal = Some(id);
+    /// Make every committed transaction durable (the barrier's fdatasync; also run by the
+    /// flusher when the durability window elapses). A failure is sticky: the kernel may have
+    /// dropped the dirty pages it could not write, so a later fdatasync that succeeds proves
+    /// nothing about them.
+    fn sync_committed(&mut self) -> Result<(), Errno> {
+        match fdatasync(&self.path, self.synced_wal) {
+            Ok(id) => {
+                if id.is_some() {
+                    self.synced_wal = id;
                 }
+                self.dirty = false;
+                self.dirty_since = None;
                 Ok(())
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                File::open(db)?.sync_data()?;
-                Ok(())
+            Err(e) => {
+                self.dirty_since = None;
+                self.failure.lost_sync(e);
+                Err(e)
             }
-            Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// The test-only fault hook, the one place a COMMIT is made to fail: EIO while the file
+/// `AGENTFS_FAULT_COMMIT` names (`trigger`) exists.
+fn fault(trigger: &Option<PathBuf>) -> Result<(), Errno> {
+    match trigger {
+        Some(p) if p.exists() => Err(Errno::EIO),
+        _ => Ok(()),
+    }
+}
+
+/// fdatasync of the -wal file (plus an fsync of its directory when it is not `known`, the
+/// file last synced), or of the main file when there is no -wal. Returns the -wal's identity.
+fn fdatasync(db: &Path, known: Option<FileId>) -> Result<Option<FileId>, Errno> {
+    let wal = wal_path(db);
+    match File::open(&wal) {
+        Ok(f) => {
+            let md = f.metadata()?;
+            f.sync_data()?;
+            let id = (md.dev(), md.ino());
+            if known != Some(id) {
+                sync_parent_dir(db)?;
+            }
+            Ok(Some(id))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            File::open(db)?.sync_data()?;
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -315,9 +374,9 @@ pub struct WriterCell {
 }
 
 impl WriterCell {
-    /// Wrap `w`; with namespace batching, start the flusher thread.
+    /// Wrap `w`; with namespace batching or a durability window, start the flusher thread.
     pub fn new(w: Writer) -> std::io::Result<Arc<WriterCell>> {
-        let batching = w.policy.is_some();
+        let batching = w.policy.is_some() || !w.sync_window.is_zero();
         let cell = Arc::new(WriterCell {
             open: w.open_flag.clone(),
             writer: Mutex::new(w),
@@ -352,7 +411,7 @@ impl WriterCell {
     }
 
     /// Run `f` as its own transaction after committing the open batch (a failed batch COMMIT is
-    /// remembered for the next barrier). For large units such as a group commit of WRITE data:
+    /// recorded as the sticky failure). For large units such as a group commit of WRITE data:
     /// as a savepoint of the batch, every page they change would be copied to the statement
     /// journal first.
     pub fn transact_alone<T>(
@@ -391,25 +450,39 @@ impl WriterCell {
         self.writer.lock().on_lost = Some(hook);
     }
 
-    /// Commit the open batch when its window has elapsed; sleep otherwise.
+    /// Commit the open batch when its window has elapsed, and make committed work durable
+    /// when the durability window has elapsed; sleep otherwise.
     fn flusher(&self) {
         let mut w = self.writer.lock();
         loop {
             if w.shutdown {
                 return;
             }
-            let due = match (&w.batch, w.policy) {
+            let now = Instant::now();
+            let commit_due = match (&w.batch, w.policy) {
                 (Some(b), Some(p)) => Some(b.since + p.window),
                 _ => None,
             };
-            match due {
-                None => self.wake.wait(&mut w),
-                Some(d) if d <= Instant::now() => {
-                    // A failure is remembered for the next barrier.
-                    let _ = w.commit();
+            let window = w.sync_window;
+            let sync_due = w.dirty_since.filter(|_| !window.is_zero()).map(|t| t + window);
+            match commit_due.into_iter().chain(sync_due).min() {
+                // Nothing due: look again after a window (a commit may start one meanwhile).
+                None if window.is_zero() => self.wake.wait(&mut w),
+                None => {
+                    self.wake.wait_for(&mut w, window);
                 }
-                Some(d) => {
+                Some(d) if d > now => {
                     self.wake.wait_until(&mut w, d);
+                }
+                Some(_) => {
+                    if commit_due.is_some_and(|d| d <= now) {
+                        // A failure is recorded as the sticky failure.
+                        let _ = w.commit();
+                    }
+                    if sync_due.is_some_and(|d| d <= now) {
+                        // A failure is recorded as the sticky failure.
+                        let _ = w.sync_committed();
+                    }
                 }
             }
         }

@@ -31,6 +31,7 @@ mod conn;
 mod copy;
 mod data;
 mod dir;
+pub mod failure;
 mod inode;
 pub mod kv;
 pub mod migrate;
@@ -47,6 +48,7 @@ mod xattr;
 
 pub use check::Finding;
 pub use conn::NamespaceBatch;
+pub use failure::Failure;
 pub use namespace::NewKind;
 pub use overlay::Effects;
 pub use schema::{
@@ -220,7 +222,6 @@ pub enum StoreError {
 /// The SQLite side of [`batch::Durability`]: a group commit is one transaction on the writer
 /// connection; the barrier is [`conn::Writer::sync`] (a real fdatasync of the WAL).
 pub struct SqliteDurability {
-    path: PathBuf,
     config: FsConfig,
     writer: Arc<conn::WriterCell>,
     /// The store's caches: a commit changes the stored size, times and blocks of its inodes.
@@ -246,7 +247,7 @@ impl batch::Durability for SqliteDurability {
     }
 
     fn barrier(&self) -> Result<(), Errno> {
-        self.writer.lock().sync(&self.path)
+        self.writer.lock().sync()
     }
 }
 
@@ -342,6 +343,9 @@ pub struct Store {
     /// The last `PRAGMA data_version` seen by [`Store::external_change`], and on a read-only
     /// open the connection it is read on (the writer's own commits never change it there).
     watch: Mutex<(Option<i64>, Option<rusqlite::Connection>)>,
+    /// The sticky failure: once a commit lost acknowledged work, every mutation is refused
+    /// with its errno and every barrier reports it (see [`Failure`]).
+    failure: Arc<Failure>,
 }
 
 impl Store {
@@ -380,6 +384,8 @@ impl Store {
         caching: CacheConfig,
     ) -> Result<Store, StoreError> {
         let caches = Arc::new(Caches::new(caching));
+        let failure = Arc::new(Failure::default());
+        caches.set_journal(failure.clone());
         let config = schema::inspect(path)?;
         let sqlite = |source| StoreError::Sqlite {
             path: path.display().to_string(),
@@ -388,7 +394,7 @@ impl Store {
         let writer = if readonly {
             None
         } else {
-            let w = conn::Writer::open(path, namespace).map_err(sqlite)?;
+            let w = conn::Writer::open(path, namespace, failure.clone()).map_err(sqlite)?;
             schema::ensure_extensions(w.conn()).map_err(sqlite)?;
             let w = conn::WriterCell::new(w).map_err(|source| StoreError::Io {
                 path: path.display().to_string(),
@@ -403,12 +409,12 @@ impl Store {
             (Some(w), Some(cfg)) => {
                 let b = batch::Batcher::new(
                     SqliteDurability {
-                        path: path.to_path_buf(),
                         config,
                         writer: w.clone(),
                         caches: caches.clone(),
                     },
                     cfg,
+                    failure.clone(),
                 );
                 b.start().map_err(|source| StoreError::Io {
                     path: path.display().to_string(),
@@ -434,6 +440,7 @@ impl Store {
             xattrs,
             write_times: std::sync::atomic::AtomicBool::new(true),
             caches,
+            failure,
             watch: Mutex::new((None, None)),
         })
     }
@@ -471,12 +478,19 @@ impl Store {
         &self.path
     }
 
-    /// One write transaction (EROFS on a read-only open).
+    /// The sticky failure of this store (what a failed commit lost).
+    pub fn failure(&self) -> &Arc<Failure> {
+        &self.failure
+    }
+
+    /// One write transaction (EROFS on a read-only open; the sticky errno after a failed
+    /// commit lost acknowledged work).
     fn write_tx<T>(
         &self,
         f: impl FnOnce(&rusqlite::Connection) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
         let w = self.writer.as_ref().ok_or(Errno::EROFS)?;
+        self.failure.check()?;
         w.transact(f)
     }
 
@@ -1009,28 +1023,19 @@ impl Store {
 
     /// Write `data` at `offset`; extends the size, sets mtime and ctime. Batched: acknowledged
     /// once in the pending map (it may wait for the committer when the cap is reached).
-    /// Unbatched, or while a commit failure is unresolved: one transaction.
+    /// Unbatched: one transaction. Refused with the sticky errno after a failed commit.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u32, Errno> {
         let n = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
         let cfg = &self.config;
         match &self.batch {
-            Some(b) if !b.degraded() => {
+            Some(b) => {
                 offset
                     .checked_add(data.len() as u64)
                     .filter(|e| *e <= inode::MAX_FILE_SIZE)
                     .ok_or(Errno::EFBIG)?;
+                self.failure.check()?;
                 b.write(ino, offset, data, self.write_stamp());
                 Ok(n)
-            }
-            Some(b) => {
-                let out = self.with_claims(&[ino], true, false, |c, claims| {
-                    for cl in claims {
-                        apply(c, cfg, cl)?;
-                    }
-                    data::write(c, cfg, ino, offset, data, self.write_stamp())
-                })?;
-                b.clear_degraded();
-                Ok(out)
             }
             None => {
                 let out =
@@ -1122,7 +1127,7 @@ impl Store {
             return b.sync_all();
         }
         match &self.writer {
-            Some(w) => w.lock().sync(&self.path),
+            Some(w) => w.lock().sync(),
             None => Ok(()),
         }
     }

@@ -1,8 +1,14 @@
 //! The record of live servers, for `agentfs status`: one small file per server pid in a runtime
 //! directory (/run/agentfs for root, $XDG_RUNTIME_DIR/agentfs or /tmp/agentfs-UID otherwise).
-//! The record is advisory; status cross-checks it with /proc and the mount table.
+//! The record is advisory; status cross-checks it with /proc and the mount table. Beside it: a
+//! background server's log (`PID.log`) and, once a server has ended, its outcome (`PID.exit`),
+//! which `agentfs umount` reads and removes.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Logs and outcomes of servers that ended are removed after this long.
+const KEEP_ENDED: Duration = Duration::from_secs(24 * 3600);
 
 /// One live (or stale) server.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -17,6 +23,10 @@ pub struct ServerRecord {
     pub devfuse_requests: u64,
     /// Requests a transport thread handed to a worker instead of running them itself.
     pub worker_requests: u64,
+    /// Where the server logs (a background server; empty: its standard error).
+    pub log: Option<PathBuf>,
+    /// What a failed commit lost (empty while nothing was).
+    pub lost: String,
 }
 
 pub fn runtime_dir() -> PathBuf {
@@ -34,12 +44,46 @@ fn record_path(pid: u32) -> PathBuf {
     runtime_dir().join(format!("{pid}.server"))
 }
 
+/// Where the background server `pid` logs.
+pub fn log_path(pid: u32) -> PathBuf {
+    runtime_dir().join(format!("{pid}.log"))
+}
+
+fn exit_path(pid: u32) -> PathBuf {
+    runtime_dir().join(format!("{pid}.exit"))
+}
+
+/// Leave the ending server's outcome for `agentfs umount`: `None` when everything it
+/// acknowledged is in the database, else what went wrong (one line).
+pub fn record_exit(pid: u32, failure: Option<&str>) -> std::io::Result<()> {
+    let text = match failure {
+        None => "ok\n".to_string(),
+        Some(msg) => format!("error: {}\n", msg.replace('\n', " ")),
+    };
+    std::fs::create_dir_all(runtime_dir())?;
+    std::fs::write(exit_path(pid), text)
+}
+
+/// The outcome server `pid` left (and remove it): `Some(Ok)` clean, `Some(Err(what))`, or
+/// `None` when it left none (it was killed, or never registered).
+pub fn take_exit(pid: u32) -> Option<Result<(), String>> {
+    let path = exit_path(pid);
+    let text = std::fs::read_to_string(&path).ok()?;
+    let _ = std::fs::remove_file(&path);
+    let line = text.trim_end();
+    Some(match line.strip_prefix("error: ") {
+        Some(msg) => Err(msg.to_string()),
+        None if line == "ok" => Ok(()),
+        None => Err(format!("unreadable outcome {line:?}")),
+    })
+}
+
 /// Write this server's record; returns its path for removal at exit.
 pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
     let dir = runtime_dir();
     std::fs::create_dir_all(&dir)?;
     let path = record_path(rec.pid);
-    let text = format!(
+    let mut text = format!(
         "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\nworker_requests={}\n",
         rec.pid,
         rec.db.display(),
@@ -50,6 +94,12 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
         rec.devfuse_requests,
         rec.worker_requests
     );
+    if let Some(log) = &rec.log {
+        text.push_str(&format!("log={}\n", log.display()));
+    }
+    if !rec.lost.is_empty() {
+        text.push_str(&format!("lost={}\n", rec.lost.replace('\n', " ")));
+    }
     // Write then rename, so a reader never sees half a record.
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text)?;
@@ -72,6 +122,8 @@ fn parse(text: &str) -> Option<ServerRecord> {
             Some(("ring_requests", v)) => rec.ring_requests = v.parse().unwrap_or(0),
             Some(("devfuse_requests", v)) => rec.devfuse_requests = v.parse().unwrap_or(0),
             Some(("worker_requests", v)) => rec.worker_requests = v.parse().unwrap_or(0),
+            Some(("log", v)) => rec.log = Some(PathBuf::from(v)),
+            Some(("lost", v)) => rec.lost = v.to_string(),
             _ => {}
         }
     }
@@ -89,8 +141,13 @@ pub fn live() -> Vec<ServerRecord> {
     let mut out = Vec::new();
     for ent in dir.flatten() {
         let path = ent.path();
-        if path.extension().and_then(|e| e.to_str()) != Some("server") {
-            continue;
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("server") => {}
+            Some("log" | "exit") => {
+                remove_if_ended(&path);
+                continue;
+            }
+            _ => continue,
         }
         let rec = std::fs::read_to_string(&path).ok().and_then(|t| parse(&t));
         match rec {
@@ -102,4 +159,20 @@ pub fn live() -> Vec<ServerRecord> {
     }
     out.sort_by_key(|r| r.pid);
     out
+}
+
+/// Remove the log or outcome file `path` (named PID.log or PID.exit) of a server that ended
+/// more than [`KEEP_ENDED`] ago.
+fn remove_if_ended(path: &Path) {
+    let pid = path.file_stem().and_then(|s| s.to_str());
+    if pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists()) {
+        return;
+    }
+    let age = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok());
+    if age.is_some_and(|a| a > KEEP_ENDED) {
+        let _ = std::fs::remove_file(path);
+    }
 }

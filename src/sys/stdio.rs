@@ -1,4 +1,4 @@
-//! Handing standard output over to a readiness pipe.
+//! Handing standard output over to a readiness pipe; standard error to a log file.
 
 use std::fs::File;
 use std::os::fd::FromRawFd;
@@ -19,4 +19,23 @@ pub fn take_stdout() -> Option<File> {
         unsafe { libc::dup2(null.as_raw_fd(), 1) };
     }
     Some(file)
+}
+
+/// Point fd 2 at `path` (created 0600 or appended to), so the log goes there.
+pub fn stderr_to(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)?;
+    // SAFETY: both fds are valid; dup2 atomically replaces fd 2 and `f` keeps its own fd.
+    if unsafe { libc::dup2(f.as_raw_fd(), 2) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }

@@ -35,6 +35,9 @@ pub enum SessionError {
     Store(#[from] crate::store::StoreError),
     #[error("FUSE handshake failed: {0}")]
     Handshake(String),
+    /// A commit failed after the work it carried was acknowledged (SPEC.md "Durability").
+    #[error("{0}")]
+    Lost(String),
     #[error("{0}")]
     Other(String),
 }
@@ -48,8 +51,15 @@ impl Ready for () {
     fn ready(&mut self, _: &Path) {}
 }
 
-/// Mount and serve until unmounted or signalled. Returns after a clean shutdown.
-pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<(), SessionError> {
+/// Mount and serve until unmounted or signalled. Returns after a clean shutdown, or with
+/// [`SessionError::Lost`] when a failed commit lost acknowledged work. `log`: where a
+/// background server's standard error goes (shown by `agentfs status`).
+pub fn run(
+    cfg: &SessionConfig,
+    knobs: &Knobs,
+    ready: &mut dyn Ready,
+    log: Option<PathBuf>,
+) -> Result<(), SessionError> {
     let mnt = mount::check_mount_point(&cfg.mount_point)?;
     let db = std::fs::canonicalize(&cfg.db).unwrap_or_else(|_| cfg.db.clone());
     let _lock = lock::lock_db(&db)?;
@@ -125,8 +135,10 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
             db: db.clone(),
             mount_point: mnt.clone(),
             ring_queues,
+            log,
             ..Default::default()
         },
+        store: store.clone(),
         chan: chan.clone(),
         ring: ring_stats.clone(),
         shards: shards.clone(),
@@ -188,12 +200,26 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
     if let Some(t) = reporter_thread {
         let _ = t.join();
     }
-    // The connection is gone: every request has been answered. Make it all durable.
-    let result = store
-        .sync()
-        .and_then(|_| store.checkpoint())
-        .map_err(|e| SessionError::Other(format!("final checkpoint failed: {e}")));
+    // The connection is gone: every request has been answered. Make it all durable, and fold
+    // the WAL into the main file also after a failed commit (the database is consistent).
+    let synced = store.sync();
+    let checkpointed = store.checkpoint();
+    let result = match (store.failure().summary(), synced, checkpointed) {
+        (Some(lost), _, _) => Err(SessionError::Lost(lost)),
+        (None, Err(e), _) => Err(SessionError::Other(format!("final sync failed: {e}"))),
+        (None, Ok(()), Err(e)) => Err(SessionError::Other(format!(
+            "final checkpoint failed: {e}"
+        ))),
+        (None, Ok(()), Ok(())) => Ok(()),
+    };
+    if let Err(e) = &result {
+        tracing::error!("{e}");
+    }
     if let Some(p) = record {
+        let failure = result.as_ref().err().map(|e| e.to_string());
+        if let Err(e) = registry::record_exit(std::process::id(), failure.as_deref()) {
+            tracing::warn!("cannot leave the outcome for agentfs umount: {e}");
+        }
         let _ = std::fs::remove_file(p);
     }
     tracing::info!(
@@ -207,6 +233,7 @@ pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<
 /// Keeps the server's status record current: transport and requests served on each.
 struct Reporter {
     record: registry::ServerRecord,
+    store: Arc<Store>,
     chan: Arc<Channel>,
     ring: Arc<uring::RingStats>,
     shards: Arc<Shards>,
@@ -221,6 +248,7 @@ impl Reporter {
         rec.devfuse_requests = self.chan.served.load(Relaxed);
         rec.ring_requests = self.ring.served.load(Relaxed);
         rec.worker_requests = self.shards.handed();
+        rec.lost = self.store.failure().summary().unwrap_or_default();
         rec.transport = if rec.ring_queues > 0 && self.ring.failed.load(Relaxed) == 0 {
             "io-uring".into()
         } else {

@@ -14,6 +14,11 @@
 //! directory): the next lookup builds it again from the server's attributes. A file that
 //! stays open keeps the kernel's size until it is closed and evicted.
 //!
+//! The same thread tells the kernel about a failed commit that lost acknowledged operations
+//! (the store's [`crate::store::Failure`] wakes it): FUSE_NOTIFY_INVAL_ENTRY for every name the
+//! lost operations changed, then the same inode invalidations, epoch and prune as above, so
+//! the kernel shows what the database holds instead of what it was told.
+//!
 //! Notifications go out from this thread only, never from a request handler: the kernel may
 //! hold locks of the very inode a request is about while it waits for the reply, and an
 //! invalidation of that inode would wait for them.
@@ -36,7 +41,8 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    /// Start polling every `interval` (None when `interval` is zero or no thread could start).
+    /// Start polling every `interval` (zero: no polling, only failures), and watching for
+    /// failed commits. None when no thread could start.
     pub fn start(
         store: Arc<Store>,
         dispatcher: Arc<Dispatcher>,
@@ -48,37 +54,57 @@ impl Watcher {
             epoch: kernel.minor >= INC_EPOCH_MINOR,
             prune: kernel.minor >= PRUNE_MINOR && kernel.flags & abi::FUSE_WRITEBACK_CACHE != 0,
         };
-        if interval.is_zero() {
-            return None;
-        }
         // The baseline: changes from now on are external.
-        if let Err(e) = store.external_change() {
-            tracing::warn!("cannot watch the database for external changes: {e}");
-            return None;
+        let mut poll = !interval.is_zero();
+        if poll {
+            if let Err(e) = store.external_change() {
+                tracing::warn!("cannot watch the database for external changes: {e}");
+                poll = false;
+            }
         }
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let watched = store.clone();
         let thread = std::thread::Builder::new()
             .name("watch".into())
             .spawn(move || {
                 while !flag.load(Ordering::Acquire) {
-                    std::thread::park_timeout(interval);
+                    if poll {
+                        std::thread::park_timeout(interval);
+                    } else {
+                        std::thread::park();
+                    }
                     if flag.load(Ordering::Acquire) {
                         break;
                     }
-                    match store.external_change() {
-                        Ok(Some(names)) => {
-                            if !notify(&chan, &names, &dispatcher.kernel_inodes(), how) {
-                                break;
+                    let mut told = true;
+                    if let Some(names) = store.failure().take_untold() {
+                        let why = "a failed commit undid acknowledged operations";
+                        told = notify(&chan, why, &names, &dispatcher.kernel_inodes(), how);
+                    }
+                    if poll && told {
+                        match store.external_change() {
+                            Ok(Some(names)) => {
+                                let why = "database changed by another process";
+                                let inodes = dispatcher.kernel_inodes();
+                                told = notify(&chan, why, &names, &inodes, how);
                             }
+                            Ok(None) => {}
+                            Err(e) => tracing::warn!("checking for external changes failed: {e}"),
                         }
-                        Ok(None) => {}
-                        Err(e) => tracing::warn!("checking for external changes failed: {e}"),
+                    }
+                    if !told {
+                        break;
                     }
                 }
             })
             .map_err(|e| tracing::error!("cannot start the external-change watcher: {e}"))
             .ok()?;
+        let waker = thread.thread().clone();
+        waker.unpark();
+        watched
+            .failure()
+            .set_notify(Box::new(move || waker.unpark()));
         Some(Watcher { stop, thread })
     }
 
@@ -103,9 +129,9 @@ struct How {
 }
 
 /// Send the invalidations; false once the connection is gone.
-fn notify(chan: &Channel, names: &[ChangedName], inodes: &[Ino], how: How) -> bool {
+fn notify(chan: &Channel, why: &str, names: &[ChangedName], inodes: &[Ino], how: How) -> bool {
     tracing::info!(
-        "database changed by another process: invalidating {} names and {} inodes",
+        "{why}: invalidating {} names and {} inodes",
         names.len(),
         inodes.len()
     );
