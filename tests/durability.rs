@@ -5,8 +5,10 @@ mod common;
 
 use std::fs;
 use std::io::Write;
-use std::path::Path;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use common::{assert_consistent, fuse_or_skip, Mounted};
 
@@ -25,26 +27,10 @@ fn every_fsync_reaches_a_real_fdatasync_and_an_idle_barrier_skips_it() {
     if !fuse_or_skip("every_fsync_reaches_a_real_fdatasync_and_an_idle_barrier_skips_it") {
         return;
     }
-    if Command::new("strace").arg("-V").output().is_err() {
-        assert!(
-            !agentfs::knobs::get().require_fuse,
-            "strace is required (validation/install-deps.sh)"
-        );
-        eprintln!("SKIP: strace not installed");
+    // No durability window: only the barriers below sync.
+    let Some((mut m, _log_dir, log)) = traced(&["AGENTFS_DURABILITY_WINDOW_MS=0"]) else {
         return;
-    }
-    let log_dir = tempfile::tempdir_in(common::scratch_root()).unwrap();
-    let log = log_dir.path().join("strace.log");
-    let log_s = log.to_str().unwrap().to_string();
-    let mut m = Mounted::wrapped(&[
-        "strace",
-        "-f",
-        "-qq",
-        "-e",
-        "trace=fdatasync,fsync",
-        "-o",
-        &log_s,
-    ]);
+    };
     let mut f = fs::File::create(m.path("f")).unwrap();
     // Let start-up settle, then count only what the fsyncs cause.
     f.write_all(b"warm").unwrap();
@@ -88,6 +74,149 @@ fn every_fsync_reaches_a_real_fdatasync_and_an_idle_barrier_skips_it() {
 /// fsync(2) of a directory: FSYNCDIR, a barrier (syncfs(2) reaches only virtiofs servers).
 fn fsync_dir(dir: &Path) {
     fs::File::open(dir).unwrap().sync_all().unwrap();
+}
+
+/// A mount whose server runs under strace with the knobs `env` (NAME=VALUE), logging its
+/// fdatasync and fsync calls with the file each names (-y); None (a skip) without strace.
+fn traced(env: &[&str]) -> Option<(Mounted, tempfile::TempDir, PathBuf)> {
+    if Command::new("strace").arg("-V").output().is_err() {
+        assert!(
+            !agentfs::knobs::get().require_fuse,
+            "strace is required (validation/install-deps.sh)"
+        );
+        eprintln!("SKIP: strace not installed");
+        return None;
+    }
+    let log_dir = tempfile::tempdir_in(common::scratch_root()).unwrap();
+    let log = log_dir.path().join("strace.log");
+    let log_s = log.to_str().unwrap().to_string();
+    let mut wrapper = vec!["env"];
+    wrapper.extend_from_slice(env);
+    wrapper.extend_from_slice(&[
+        "strace",
+        "-f",
+        "-qq",
+        "-y",
+        "-e",
+        "trace=fdatasync,fsync",
+        "-o",
+        &log_s,
+    ]);
+    Some((Mounted::wrapped(&wrapper), log_dir, log))
+}
+
+/// fdatasync calls on the database's -wal file in a strace log.
+fn wal_syncs(log: &Path) -> usize {
+    fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(" fdatasync(") && l.contains("-wal>"))
+        .count()
+}
+
+#[test]
+fn committed_work_is_made_durable_within_the_window_and_an_idle_mount_syncs_nothing() {
+    if !fuse_or_skip(
+        "committed_work_is_made_durable_within_the_window_and_an_idle_mount_syncs_nothing",
+    ) {
+        return;
+    }
+    let Some((mut m, _log_dir, log)) = traced(&["AGENTFS_DURABILITY_WINDOW_MS=1000"]) else {
+        return;
+    };
+    // Whatever start-up committed is made durable by its window; let that pass.
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = wal_syncs(&log);
+    // Committed (namespace batches commit within milliseconds), never fsynced.
+    for i in 0..20 {
+        fs::create_dir(m.path(&format!("d{i}"))).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while wal_syncs(&log) == before {
+        assert!(
+            Instant::now() < deadline,
+            "committed work was not made durable without a barrier"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Nothing committed since: the window finds nothing to sync.
+    let idle = wal_syncs(&log);
+    std::thread::sleep(Duration::from_millis(3500));
+    assert_eq!(wal_syncs(&log), idle, "an idle mount made fdatasync calls");
+    m.unmount();
+}
+
+#[test]
+fn syncfs_pushes_written_pages_but_is_no_barrier_and_fsync_is() {
+    if !fuse_or_skip("syncfs_pushes_written_pages_but_is_no_barrier_and_fsync_is") {
+        return;
+    }
+    // No durability window: only barriers sync.
+    let Some((mut m, _log_dir, log)) = traced(&["AGENTFS_DURABILITY_WINDOW_MS=0"]) else {
+        return;
+    };
+    let calls = || count_calls(&log, "fdatasync") + count_calls(&log, "fsync");
+    fs::write(m.path("f"), b"old").unwrap();
+    fsync_dir(&m.mnt);
+    // New bytes in the kernel's page cache (writeback cache), and a committed mkdir.
+    let mut f = fs::OpenOptions::new().write(true).open(m.path("f")).unwrap();
+    f.write_all(b"new bytes").unwrap();
+    fs::create_dir(m.path("d")).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let before = calls();
+    let dir = fs::File::open(&m.mnt).unwrap();
+    // SAFETY: syncfs on an fd this test owns.
+    assert_eq!(unsafe { libc::syncfs(dir.as_raw_fd()) }, 0);
+    // syncfs made the kernel send the dirty pages (WRITEs): another process sees them once
+    // group commit committed them...
+    let db = m.db.to_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = common::agentfs(&["fs", &db, "cat", "/f"]);
+        if out.stdout == b"new bytes" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "syncfs did not push the page cache");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // ...but the server was never asked to make anything durable.
+    assert_eq!(calls(), before, "syncfs reached the server as a barrier");
+    f.sync_all().unwrap();
+    assert!(calls() > before, "fsync is a barrier");
+    drop(f);
+    m.unmount();
+}
+
+#[test]
+fn umount_returns_after_the_final_commit() {
+    if !fuse_or_skip("umount_returns_after_the_final_commit") {
+        return;
+    }
+    let mut m = Mounted::new();
+    let n = 100;
+    for i in 0..n {
+        fs::write(m.path(&format!("f{i}")), format!("old {i}\n")).unwrap();
+    }
+    // `sed -i` on every file: a temporary written, renamed over the original; no fsync.
+    for i in 0..n {
+        let tmp = m.path(&format!(".f{i}.tmp"));
+        fs::write(&tmp, format!("new {i}\n")).unwrap();
+        fs::rename(&tmp, m.path(&format!("f{i}"))).unwrap();
+    }
+    m.unmount();
+    // At once: the database file alone holds every operation (the WAL is folded in).
+    let wal = m.dir.path().join("db.sqlite-wal");
+    assert_eq!(fs::metadata(&wal).map(|md| md.len()).unwrap_or(0), 0, "WAL left over");
+    let db = m.db.to_str().unwrap().to_string();
+    for i in 0..n {
+        let out = common::agentfs(&["fs", &db, "cat", &format!("/f{i}")]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("new {i}\n"),
+            "f{i} right after umount"
+        );
+    }
+    assert_consistent(&m.db);
 }
 
 /// Kills a server by pid and clears its mount when a test ends, passing or failing.

@@ -156,11 +156,15 @@ impl Writer {
     /// returning. With it, `f` runs as a SAVEPOINT inside the open batch transaction (opened
     /// here when none is); the batch commits when the window elapses ([`Writer::flusher`]),
     /// when the op budget is reached (here) or at a barrier. Returns whether a batch was
-    /// opened (the flusher must be woken).
+    /// opened (the flusher must be woken). Refused with the sticky errno after a failed
+    /// commit lost acknowledged work.
     fn transact<T>(
         &mut self,
         f: impl FnOnce(&Connection) -> Result<T, Errno>,
     ) -> (Result<T, Errno>, bool) {
+        if let Err(e) = self.failure.check() {
+            return (Err(e), false);
+        }
         let Some(policy) = self.policy else {
             return (self.transact_alone(f), false);
         };

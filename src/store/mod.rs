@@ -490,7 +490,6 @@ impl Store {
         f: impl FnOnce(&rusqlite::Connection) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
         let w = self.writer.as_ref().ok_or(Errno::EROFS)?;
-        self.failure.check()?;
         w.transact(f)
     }
 

@@ -153,21 +153,29 @@ impl Mounted {
 
     /// Clean unmount through the CLI; the server must exit 0 by itself.
     pub fn unmount(&mut self) {
-        let Some(mut child) = self.server.take() else {
+        if self.server.is_none() {
             return;
-        };
-        let out = agentfs(&["umount", self.mnt.to_str().expect("utf8")]);
+        }
+        let (out, status) = self.unmount_reporting();
         assert!(
             out.status.success(),
             "umount failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        assert!(status.success(), "server exited with {status}");
+    }
+
+    /// Unmount through the CLI, which waits for the server's final commit; returns what
+    /// `agentfs umount` said and the server's exit status (both fail after a lost commit).
+    pub fn unmount_reporting(&mut self) -> (Output, std::process::ExitStatus) {
+        let mut child = self.server.take().expect("mounted");
+        let out = agentfs(&["umount", self.mnt.to_str().expect("utf8")]);
         let status = wait_timeout(&mut child, Duration::from_secs(30)).unwrap_or_else(|| {
             let _ = child.kill();
             panic!("server did not exit after unmount");
         });
-        assert!(status.success(), "server exited with {status}");
         assert!(!is_mounted(&self.mnt), "still mounted after umount");
+        (out, status)
     }
 
     /// Wait for the server to exit by itself (after a signal or an external unmount).
