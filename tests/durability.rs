@@ -315,11 +315,13 @@ fn a_full_disk_is_enospc_and_the_database_stays_consistent() {
     for i in 0..100 {
         let _ = fs::remove_file(mnt.join(format!("fill{i}")));
     }
+    // When the failed commit had carried acknowledged work (a group commit of written bytes),
+    // the failure is sticky and the unmount reports what was lost; otherwise it is clean.
     let out = common::agentfs(&["umount", mnt.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        out.status.success() || said.contains("acknowledged bytes"),
+        "{said}"
     );
     assert!(common::wait_timeout(&mut server, std::time::Duration::from_secs(30)).is_some());
     common::force_cleanup(mnt);

@@ -37,7 +37,11 @@ enum Command {
     Apply(apply::Args),
     /// Mount a database (created with defaults when absent) and serve it in the background.
     Mount(mount::Args),
-    /// Unmount a mounted database and wait for its server to finish.
+    /// Unmount a mounted database and wait for its server's final commit.
+    ///
+    /// Returns after the server has committed everything, made it durable and folded the WAL
+    /// into the database file (it exits then), so the database is final when this returns.
+    /// Exits 1 and says what was lost when the server reports a failed commit.
     Umount(umount::Args),
     /// Read or change a database's files without mounting it (safe while mounted).
     Fs(fs::Args),

@@ -6,9 +6,6 @@ use std::time::{Duration, Instant};
 
 use crate::sys::{mount, mounts, registry};
 
-/// Unmount, then wait until the server has committed everything, made it durable and folded
-/// the WAL into the database file (it exits then), so the database is final when this
-/// returns. Exits non-zero, saying what was lost, when the server reports a failed commit.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The mount point.
