@@ -163,11 +163,12 @@ fn saves_and_git_commits_survive_kill_9_in_order() {
         m.crash();
         stop.store(true, Ordering::Relaxed);
         next = worker.join().expect("worker") + 1;
-        assert_consistent(&m.db);
+        // (A crash may leave orphans, files the kernel still held: the mount reaps them.)
         m.mount();
         check(&root, &repo, round, seed);
     }
     m.unmount();
+    assert_consistent(&m.db);
     eprintln!(
         "20 rounds, {next} versions, {:.1} s (seed {seed})",
         started.elapsed().as_secs_f64()
