@@ -818,10 +818,8 @@ impl Store {
         let Some(b) = self.batch.as_ref().filter(|b| !b.degraded()) else {
             return Ok(None);
         };
-        let only_size = set.mode.is_none()
-            && set.uid.is_none()
-            && set.gid.is_none()
-            && set.atime.is_none();
+        let only_size =
+            set.mode.is_none() && set.uid.is_none() && set.gid.is_none() && set.atime.is_none();
         if set.size != Some(0) || !only_size || self.writer.is_none() {
             return Ok(None);
         }
@@ -913,13 +911,18 @@ impl Store {
         fx: &Effects<'_>,
     ) -> Result<Attr, Errno> {
         let cfg = &self.config;
-        let out = self.with_claims(&[ino], |_| true, false, |c, claims| {
-            let now = inode::now();
-            let a = namespace::link(c, cfg, ino, newparent, newname, now)?;
-            overlay::apply_effects(c, fx, now)?;
-            commit_claims(c, cfg, claims)?;
-            Ok(a)
-        });
+        let out = self.with_claims(
+            &[ino],
+            |_| true,
+            false,
+            |c, claims| {
+                let now = inode::now();
+                let a = namespace::link(c, cfg, ino, newparent, newname, now)?;
+                overlay::apply_effects(c, fx, now)?;
+                commit_claims(c, cfg, claims)?;
+                Ok(a)
+            },
+        );
         self.caches.entry_changed(newparent, newname);
         self.caches.inode_changed(ino);
         let mut a = out?;
@@ -982,14 +985,19 @@ impl Store {
     ) -> Result<(), Errno> {
         let involved = self.named(&[(parent, name)]);
         let cfg = &self.config;
-        let out = self.with_claims(&involved, |_| true, false, |c, claims| {
-            let now = inode::now();
-            let victim = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
-            namespace::remove(c, parent, name, dir, live, now)?;
-            overlay::apply_effects(c, fx, now)?;
-            commit_claims(c, cfg, claims)?;
-            Ok((victim, gone(c, victim)?))
-        });
+        let out = self.with_claims(
+            &involved,
+            |_| true,
+            false,
+            |c, claims| {
+                let now = inode::now();
+                let victim = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
+                namespace::remove(c, parent, name, dir, live, now)?;
+                overlay::apply_effects(c, fx, now)?;
+                commit_claims(c, cfg, claims)?;
+                Ok((victim, gone(c, victim)?))
+            },
+        );
         self.caches.entry_changed(parent, name);
         let (victim, dead) = out?;
         self.forget_inodes(&[victim]);
@@ -1027,18 +1035,23 @@ impl Store {
     ) -> Result<(), Errno> {
         let involved = self.named(&[(parent, name), (newparent, newname)]);
         let cfg = &self.config;
-        let out = self.with_claims(&involved, |_| true, false, |c, claims| {
-            let now = inode::now();
-            let moved = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
-            let victim = inode::dentry(c, newparent, newname)
-                .ok()
-                .flatten()
-                .map(|d| d.1);
-            namespace::rename(c, parent, name, newparent, newname, flags, live, now)?;
-            overlay::apply_effects(c, fx, now)?;
-            commit_claims(c, cfg, claims)?;
-            Ok((moved, victim, gone(c, victim)?))
-        });
+        let out = self.with_claims(
+            &involved,
+            |_| true,
+            false,
+            |c, claims| {
+                let now = inode::now();
+                let moved = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
+                let victim = inode::dentry(c, newparent, newname)
+                    .ok()
+                    .flatten()
+                    .map(|d| d.1);
+                namespace::rename(c, parent, name, newparent, newname, flags, live, now)?;
+                overlay::apply_effects(c, fx, now)?;
+                commit_claims(c, cfg, claims)?;
+                Ok((moved, victim, gone(c, victim)?))
+            },
+        );
         self.caches.entry_changed(parent, name);
         self.caches.entry_changed(newparent, newname);
         // A moved directory's ".." changed; both inodes' ctime (and the victim's nlink).
@@ -1119,10 +1132,15 @@ impl Store {
                 Ok(n)
             }
             Some(b) => {
-                let out = self.with_claims(&[ino], |_| true, false, |c, claims| {
-                    commit_claims(c, cfg, claims)?;
-                    data::write(c, cfg, ino, offset, data, self.write_stamp())
-                })?;
+                let out = self.with_claims(
+                    &[ino],
+                    |_| true,
+                    false,
+                    |c, claims| {
+                        commit_claims(c, cfg, claims)?;
+                        data::write(c, cfg, ino, offset, data, self.write_stamp())
+                    },
+                )?;
                 b.clear_degraded();
                 Ok(out)
             }
@@ -1140,22 +1158,27 @@ impl Store {
     pub fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: u32) -> Result<(), Errno> {
         let cfg = &self.config;
         let punch = mode & libc::FALLOC_FL_PUNCH_HOLE as u32 != 0;
-        self.with_claims(&[ino], |_| true, false, |c, claims| {
-            for b in claims {
-                let pieces = if punch {
-                    pieces_outside(b, offset, offset.saturating_add(length))
-                } else {
-                    b.extents.iter().collect()
-                };
-                put(c, cfg, b, &pieces)?;
-                // Punched-out pending bytes still extended the file: the size keeps their end.
-                let end = b.extents.iter().map(|(o, d)| o + d.len() as u64).max();
-                if let Some(end) = end {
-                    data::extend_to(c, cfg, b.ino, end, inode::now())?;
+        self.with_claims(
+            &[ino],
+            |_| true,
+            false,
+            |c, claims| {
+                for b in claims {
+                    let pieces = if punch {
+                        pieces_outside(b, offset, offset.saturating_add(length))
+                    } else {
+                        b.extents.iter().collect()
+                    };
+                    put(c, cfg, b, &pieces)?;
+                    // Punched-out pending bytes still extended the file: the size keeps their end.
+                    let end = b.extents.iter().map(|(o, d)| o + d.len() as u64).max();
+                    if let Some(end) = end {
+                        data::extend_to(c, cfg, b.ino, end, inode::now())?;
+                    }
                 }
-            }
-            data::fallocate(c, cfg, ino, offset, length, mode, inode::now())
-        })
+                data::fallocate(c, cfg, ino, offset, length, mode, inode::now())
+            },
+        )
     }
 
     /// Commit `ino`'s pending writes now (no barrier).
@@ -1164,9 +1187,12 @@ impl Store {
             return Ok(());
         }
         let cfg = &self.config;
-        self.with_claims(&[ino], |_| true, false, |c, claims| {
-            commit_claims(c, cfg, claims)
-        })
+        self.with_claims(
+            &[ino],
+            |_| true,
+            false,
+            |c, claims| commit_claims(c, cfg, claims),
+        )
     }
 
     /// SEEK_DATA / SEEK_HOLE; ENXIO at or past EOF (or no data after `offset`). Pending writes
@@ -1187,19 +1213,24 @@ impl Store {
         len: u64,
     ) -> Result<u64, Errno> {
         let cfg = &self.config;
-        self.with_claims(&[ino_in, ino_out], |_| true, false, |c, claims| {
-            commit_claims(c, cfg, claims)?;
-            data::copy_range(
-                c,
-                &self.config,
-                ino_in,
-                off_in,
-                ino_out,
-                off_out,
-                len,
-                inode::now(),
-            )
-        })
+        self.with_claims(
+            &[ino_in, ino_out],
+            |_| true,
+            false,
+            |c, claims| {
+                commit_claims(c, cfg, claims)?;
+                data::copy_range(
+                    c,
+                    &self.config,
+                    ino_in,
+                    off_in,
+                    ino_out,
+                    off_out,
+                    len,
+                    inode::now(),
+                )
+            },
+        )
     }
 
     /// The durability barrier for everything: commits every pending write, then returns after

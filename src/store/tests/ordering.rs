@@ -79,7 +79,11 @@ fn removing_one_name_of_a_linked_file_commits_its_pending_bytes() {
     db.unlink(Ino::ROOT, b"b", &Keep).unwrap();
     drop(db.raw());
     let ro = Store::open(&db.path(), true).unwrap();
-    assert_eq!(ro.read(f, 0, 10).unwrap(), b"NEW", "unlink of the last name");
+    assert_eq!(
+        ro.read(f, 0, 10).unwrap(),
+        b"NEW",
+        "unlink of the last name"
+    );
     assert!(db.getattr(src).is_ok());
 }
 
