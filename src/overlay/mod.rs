@@ -686,10 +686,17 @@ impl Filesystem for Overlay {
             }
             _ => self.ensure_delta(node)?,
         };
+        let mut partial = false;
         if let Some(size) = set.size {
+            partial = self.partial.get(&self.store, x)?.is_some();
             self.partial.resize(&self.store, &self.base, x, size)?;
         }
-        Ok(self.fix(self.store.setattr(x, set)?))
+        let a = if partial {
+            self.store.setattr_now(x, set)?
+        } else {
+            self.store.setattr(x, set)?
+        };
+        Ok(self.fix(a))
     }
 
     fn readlink(&self, node: Ino) -> Result<Vec<u8>, Errno> {

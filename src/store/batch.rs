@@ -20,6 +20,12 @@
 //! times only). Dead ranges are trimmed (truncate, punch hole) and a reaped inode's bytes are
 //! discarded; the committer also re-checks in its transaction that each inode still exists.
 //!
+//! A truncate to zero of a regular file is pending too ([`Batcher::truncate_to_zero`], the
+//! "cut"): it is committed in the same transaction as the bytes written after it, so a
+//! rewrite in place (open with O_TRUNC, write, close) never commits an empty file ahead of
+//! its new contents. Namespace operations commit the pending state of the inodes they name in
+//! their own transaction (see `Store::rename_fx`).
+//!
 //! Durability sits behind [`Durability`] (the redb `StorageBackend` idea): the batcher only
 //! calls `commit_batch` and `barrier`, so tests drive it with a fake backend that "crashes" at
 //! the Nth barrier.
@@ -225,6 +231,8 @@ pub struct InodeBatch {
     pub mtime: Option<Timespec>,
     /// ctime becomes at least this.
     pub ctime: Timespec,
+    /// A truncate to zero to apply before the bytes, with its time (see [`Pending::cut`]).
+    pub cut: Option<Timespec>,
 }
 
 /// Where committed batches go. The SQLite implementation lives in the store; tests use a fake.
@@ -269,18 +277,39 @@ struct Pending {
     /// Time of the last write (None after an explicit mtime SETATTR, see [`InodeBatch::mtime`]).
     mtime: Option<Timespec>,
     ctime: Timespec,
-    /// When `open` last became non-empty (the timer window runs from here).
+    /// When `open` (or `cut`) last became non-empty (the timer window runs from here).
     since: Instant,
+    /// A truncate to zero acknowledged but not committed, with its time: it goes before the
+    /// bytes of `open` (and after those in flight, which it makes dead to readers).
+    cut: Option<Timespec>,
 }
 
 impl Pending {
+    /// The layers readers see, older first: the bytes in flight are dead below a cut.
+    fn layers(&self) -> impl Iterator<Item = &Extents> + '_ {
+        let inflight = self.inflight.as_ref().filter(|_| self.cut.is_none());
+        inflight
+            .map(|b| &b.extents)
+            .into_iter()
+            .chain(std::iter::once(&self.open))
+    }
+
+    /// Whether the stored contents are dead: a cut is pending or in flight.
+    fn cut_any(&self) -> bool {
+        self.cut.is_some() || self.inflight.as_ref().is_some_and(|b| b.cut.is_some())
+    }
+
     fn end(&self) -> u64 {
-        let f = self.inflight.as_ref().map_or(0, |b| b.extents.end());
-        f.max(self.open.end())
+        self.layers().map(Extents::end).max().unwrap_or(0)
     }
 
     fn bytes(&self) -> u64 {
-        self.open.bytes() + self.inflight.as_ref().map_or(0, |b| b.extents.bytes())
+        self.layers().map(Extents::bytes).sum()
+    }
+
+    /// Nothing in the open layer waits for a commit.
+    fn open_idle(&self) -> bool {
+        self.open.is_empty() && self.cut.is_none()
     }
 }
 
@@ -301,6 +330,8 @@ pub struct ReadView {
     pub end: u64,
     /// Older layer first: overlay in this order.
     pub layers: Vec<Extents>,
+    /// The file was truncated to zero after its stored contents: they read as zeros.
+    pub cut: bool,
 }
 
 /// What pending writes add to an inode's attributes.
@@ -312,6 +343,8 @@ pub struct AttrView {
     pub ctime: Timespec,
     /// Pending bytes (for st_blocks).
     pub bytes: u64,
+    /// A truncate to zero is pending: the stored size and blocks no longer count.
+    pub cut: bool,
 }
 
 /// The pending map, locked, for readers.
@@ -323,13 +356,7 @@ impl View<'_> {
         let p = self.0.inodes.get(&ino)?;
         let mut layers = Vec::with_capacity(2);
         let end = off.saturating_add(len);
-        for ext in p
-            .inflight
-            .as_ref()
-            .map(|b| &b.extents)
-            .into_iter()
-            .chain(std::iter::once(&p.open))
-        {
+        for ext in p.layers() {
             let mut part = Extents::default();
             let first = ext.map.range(..=off).next_back().map_or(off, |(&s, _)| s);
             for (&s, v) in ext.map.range(first..end.max(first)) {
@@ -345,6 +372,7 @@ impl View<'_> {
         Some(ReadView {
             end: p.end(),
             layers,
+            cut: p.cut_any(),
         })
     }
 
@@ -355,6 +383,7 @@ impl View<'_> {
             mtime: p.mtime,
             ctime: p.ctime,
             bytes: p.bytes(),
+            cut: p.cut_any(),
         })
     }
 }
@@ -460,8 +489,9 @@ impl<D: Durability> Batcher<D> {
             mtime: None,
             ctime: now.unwrap_or_default(),
             since: Instant::now(),
+            cut: None,
         });
-        if p.open.is_empty() {
+        if p.open_idle() {
             p.since = Instant::now();
         }
         let before = p.open.bytes();
@@ -476,6 +506,36 @@ impl<D: Durability> Batcher<D> {
         let urgent = hot || st.bytes >= self.cfg.max_pending / 2;
         drop(st);
         if urgent || was_empty {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Acknowledge a truncate to zero of a regular file: its pending bytes are dropped and the
+    /// cut waits, like a write, for the commit that also carries the bytes written after it.
+    /// `mtime` and `ctime` are the truncate's times.
+    pub fn truncate_to_zero(&self, ino: Ino, mtime: Timespec, ctime: Timespec) {
+        let mut st = self.state.lock();
+        let was_empty = st.inodes.is_empty();
+        let p = st.inodes.entry(ino).or_insert_with(|| Pending {
+            open: Extents::default(),
+            inflight: None,
+            mtime: None,
+            ctime,
+            since: Instant::now(),
+            cut: None,
+        });
+        if p.open_idle() {
+            p.since = Instant::now();
+        }
+        let dropped = p.open.bytes();
+        p.open = Extents::default();
+        p.cut = Some(ctime);
+        p.mtime = Some(mtime);
+        p.ctime = p.ctime.max(ctime);
+        st.bytes -= dropped;
+        self.version.fetch_add(1, Ordering::Release);
+        drop(st);
+        if was_empty {
             self.wake.notify_one();
         }
     }
@@ -519,6 +579,7 @@ impl<D: Durability> Batcher<D> {
                 extents: std::mem::take(&mut p.open),
                 mtime: p.mtime,
                 ctime: p.ctime,
+                cut: p.cut.take(),
             });
             p.inflight = Some(b.clone());
             return Some(b);
@@ -539,7 +600,12 @@ impl<D: Durability> Batcher<D> {
                     }
                     Finish::Restore { clear_mtime } => {
                         let before = p.open.bytes();
-                        p.open.put_under(b.extents.clone());
+                        // Below a newer cut the claimed bytes are dead; otherwise they (and
+                        // their cut) go back underneath the newer bytes.
+                        if p.cut.is_none() {
+                            p.open.put_under(b.extents.clone());
+                            p.cut = b.cut;
+                        }
                         st.bytes = st.bytes + p.open.bytes() - before - b.extents.bytes();
                         p.mtime = if clear_mtime {
                             None
@@ -551,7 +617,7 @@ impl<D: Durability> Batcher<D> {
                         }
                     }
                 }
-                if p.open.is_empty() && p.inflight.is_none() {
+                if p.open_idle() && p.inflight.is_none() {
                     st.inodes.remove(&b.ino);
                 }
             }
@@ -574,7 +640,7 @@ impl<D: Durability> Batcher<D> {
                 p.inflight = None;
                 st.bytes -= b.extents.bytes();
                 self.version.fetch_add(1, Ordering::Release);
-                if p.open.is_empty() {
+                if p.open_idle() {
                     st.inodes.remove(&b.ino);
                 }
             }
@@ -590,6 +656,7 @@ impl<D: Durability> Batcher<D> {
         if let Some(p) = st.inodes.get_mut(&ino) {
             st.bytes -= p.open.bytes();
             p.open = Extents::default();
+            p.cut = None;
             self.version.fetch_add(1, Ordering::Release);
             if p.inflight.is_none() {
                 st.inodes.remove(&ino);
@@ -634,7 +701,7 @@ impl<D: Durability> Batcher<D> {
         let mut cands: Vec<(bool, Instant, Ino)> = st
             .inodes
             .iter()
-            .filter(|(_, p)| p.inflight.is_none() && !p.open.is_empty())
+            .filter(|(_, p)| p.inflight.is_none() && !p.open_idle())
             .map(|(i, p)| (p.open.bytes() < trigger, p.since, *i))
             .collect();
         cands.sort_unstable();
@@ -661,6 +728,7 @@ impl<D: Durability> Batcher<D> {
                 extents: ext,
                 mtime: p.mtime,
                 ctime: p.ctime,
+                cut: p.cut.take(),
             });
             p.inflight = Some(b.clone());
             out.push(b);
@@ -675,7 +743,7 @@ impl<D: Durability> Batcher<D> {
         }
         let mut due: Option<Duration> = None;
         for p in st.inodes.values() {
-            if p.inflight.is_some() || p.open.is_empty() {
+            if p.inflight.is_some() || p.open_idle() {
                 continue;
             }
             if p.open.bytes() >= self.cfg.inode_trigger {
@@ -733,7 +801,7 @@ impl<D: Durability> Batcher<D> {
                     }
                     if !st.inodes.values().any(|p| p.inflight.is_some()) {
                         // Nothing open and nothing in flight: only empty entries remain.
-                        st.inodes.retain(|_, p| !p.open.is_empty());
+                        st.inodes.retain(|_, p| !p.open_idle());
                         return result;
                     }
                     self.done.wait(&mut st);
@@ -762,6 +830,11 @@ impl<D: Durability> Batcher<D> {
         let result = self.flush_all();
         let barrier = self.backend.barrier();
         result.and(self.failure.check()).and(barrier)
+    }
+
+    /// Whether nothing at all is pending (no bytes, no truncate, nothing in flight).
+    pub fn is_idle(&self) -> bool {
+        self.state.lock().inodes.is_empty()
     }
 
     /// Bytes pending (acknowledged, not yet committed).

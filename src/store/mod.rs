@@ -254,7 +254,27 @@ impl batch::Durability for SqliteDurability {
 /// Write all of a batch's bytes (false: the inode is gone, nothing written).
 fn apply(c: &rusqlite::Connection, cfg: &FsConfig, b: &batch::InodeBatch) -> Result<bool, Errno> {
     let pieces: Vec<(u64, &[u8])> = b.extents.iter().collect();
-    data::write_extents(c, cfg, b.ino, &pieces, b.mtime, b.ctime)
+    put(c, cfg, b, &pieces)
+}
+
+/// Write `pieces` (all or part of `b`'s bytes) after `b`'s truncate to zero, if it carries
+/// one, in the caller's transaction (false: the inode is gone, nothing written).
+fn put(
+    c: &rusqlite::Connection,
+    cfg: &FsConfig,
+    b: &batch::InodeBatch,
+    pieces: &[(u64, &[u8])],
+) -> Result<bool, Errno> {
+    if let Some(t) = b.cut {
+        match data::truncate(c, cfg, b.ino, 0, t) {
+            Ok(()) => {}
+            Err(e) if e == Errno::ENOENT || e == Errno::EISDIR || e == Errno::EINVAL => {
+                return Ok(false)
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    data::write_extents(c, cfg, b.ino, pieces, b.mtime, b.ctime)
 }
 
 /// The pieces of `b` below `size` (truncate trims the dead range instead of writing it).
@@ -293,6 +313,11 @@ fn merge_attr(a: &mut Attr, v: Option<batch::AttrView>) {
     };
     if a.mode & libc::S_IFMT != libc::S_IFREG {
         return;
+    }
+    if v.cut {
+        // Truncated to zero since: nothing stored counts.
+        a.size = 0;
+        a.blocks = 0;
     }
     a.size = a.size.max(v.end);
     if let Some(m) = v.mtime {
@@ -723,11 +748,12 @@ impl Store {
 
     /// Claim the pending bytes of `inos` (ascending, each once), run `f` with them in one
     /// write transaction, then finish the claims: committed if `f` succeeded and wrote them
-    /// (`commits`), put back otherwise. The attributes of `inos` are invalidated.
+    /// (`commits` says which it writes), put back otherwise. The attributes of `inos` are
+    /// invalidated.
     fn with_claims<T>(
         &self,
         inos: &[Ino],
-        commits: bool,
+        commits: impl Fn(&batch::InodeBatch) -> bool,
         clear_mtime: bool,
         f: impl FnOnce(&rusqlite::Connection, &[Arc<batch::InodeBatch>]) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
@@ -749,7 +775,7 @@ impl Store {
         // Before the claimed bytes leave the pending map (see SqliteDurability::commit_batch).
         changed();
         for cl in &claims {
-            let how = if out.is_ok() && commits {
+            let how = if out.is_ok() && commits(cl) {
                 batch::Finish::Committed
             } else {
                 batch::Finish::Restore {
@@ -766,15 +792,30 @@ impl Store {
     /// ctime becomes `set.ctime` or now whenever anything is set. Pending writes of the inode
     /// are committed in the same transaction when the size changes (trimmed to the new size),
     /// and kept pending otherwise (an explicit mtime then wins over theirs).
+    /// A truncate to zero of a regular file (size and times only) is pending instead, and
+    /// commits with the bytes written after it (see [`batch::Batcher::truncate_to_zero`]).
+    /// Pending bytes carrying such a truncate are always committed.
     pub fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr, Errno> {
+        if let Some(a) = self.truncate_to_zero(ino, set)? {
+            return Ok(a);
+        }
+        self.setattr_now(ino, set)
+    }
+
+    /// [`Store::setattr`] in the operation's own atomic unit, a truncate to zero included (an
+    /// overlay's partial-origin file, whose chunk ownership was just committed for the new
+    /// size).
+    pub fn setattr_now(&self, ino: Ino, set: &SetAttr) -> Result<Attr, Errno> {
         let cfg = &self.config;
         let sized = set.size.is_some();
-        let mut a = self.with_claims(&[ino], sized, set.mtime.is_some(), |c, claims| {
-            if let Some(size) = set.size {
-                for b in claims {
-                    let pieces = pieces_below(b, size);
-                    data::write_extents(c, cfg, b.ino, &pieces, b.mtime, b.ctime)?;
-                }
+        let commits = |b: &batch::InodeBatch| sized || b.cut.is_some();
+        let mut a = self.with_claims(&[ino], commits, set.mtime.is_some(), |c, claims| {
+            for b in claims {
+                match set.size {
+                    Some(size) => put(c, cfg, b, &pieces_below(b, size))?,
+                    None if b.cut.is_some() => apply(c, cfg, b)?,
+                    None => false,
+                };
             }
             stat::setattr(c, cfg, ino, set, inode::now())
         })?;
@@ -782,6 +823,29 @@ impl Store {
             b.view(|v| merge_attr(&mut a, v.attr(ino)));
         }
         Ok(a)
+    }
+
+    /// [`Store::setattr`] of size 0 (and times) on a regular file with batching on: the
+    /// truncate joins the pending state. `None` when `set` is not such a truncate.
+    fn truncate_to_zero(&self, ino: Ino, set: &SetAttr) -> Result<Option<Attr>, Errno> {
+        let Some(b) = self.batch.as_ref().filter(|b| !b.degraded()) else {
+            return Ok(None);
+        };
+        let only_size =
+            set.mode.is_none() && set.uid.is_none() && set.gid.is_none() && set.atime.is_none();
+        if set.size != Some(0) || !only_size || self.writer.is_none() {
+            return Ok(None);
+        }
+        let mut a = self.stored_attr(ino)?;
+        if a.mode & libc::S_IFMT != libc::S_IFREG {
+            return Ok(None);
+        }
+        let now = inode::now();
+        let mtime = stat::resolve_time(set.mtime.unwrap_or(TimeSet::Now), now)?;
+        let ctime = set.ctime.unwrap_or(now);
+        b.truncate_to_zero(ino, mtime, ctime);
+        b.view(|v| merge_attr(&mut a, v.attr(ino)));
+        Ok(Some(a))
     }
 
     /// A symlink's target; EINVAL if `ino` is not a symlink.
@@ -859,12 +923,19 @@ impl Store {
         newname: &[u8],
         fx: &Effects<'_>,
     ) -> Result<Attr, Errno> {
-        let out = self.write_tx(|c| {
-            let now = inode::now();
-            let a = namespace::link(c, &self.config, ino, newparent, newname, now)?;
-            overlay::apply_effects(c, fx, now)?;
-            Ok(a)
-        });
+        let cfg = &self.config;
+        let out = self.with_claims(
+            &[ino],
+            |_| true,
+            false,
+            |c, claims| {
+                let now = inode::now();
+                let a = namespace::link(c, cfg, ino, newparent, newname, now)?;
+                overlay::apply_effects(c, fx, now)?;
+                commit_claims(c, cfg, claims)?;
+                Ok(a)
+            },
+        );
         self.caches.entry_changed(newparent, newname);
         self.caches.inode_changed(ino);
         let mut a = out?;
@@ -872,6 +943,22 @@ impl Store {
             b.view(|v| merge_attr(&mut a, v.attr(ino)));
         }
         Ok(a)
+    }
+
+    /// The inodes `names` (parent, name) resolve to now, for an operation on those names to
+    /// claim their pending state (see [`commit_claims`]). Names that do not resolve are left
+    /// out; with nothing pending nothing is looked up.
+    fn named(&self, names: &[(Ino, &[u8])]) -> Vec<Ino> {
+        if self.batch.as_ref().is_none_or(|b| b.is_idle()) {
+            return Vec::new();
+        }
+        names
+            .iter()
+            .filter_map(|&(parent, name)| match self.caches.lookup(parent, name) {
+                Some(found) => found,
+                None => self.read_tx(|c| dir::child(c, parent, name)).ok().flatten(),
+            })
+            .collect()
     }
 
     /// Drop the pending bytes of an inode a transaction just deleted.
@@ -909,13 +996,21 @@ impl Store {
         live: &dyn Liveness,
         fx: &Effects<'_>,
     ) -> Result<(), Errno> {
-        let out = self.write_tx(|c| {
-            let now = inode::now();
-            let victim = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
-            namespace::remove(c, parent, name, dir, live, now)?;
-            overlay::apply_effects(c, fx, now)?;
-            Ok((victim, gone(c, victim)?))
-        });
+        let involved = self.named(&[(parent, name)]);
+        let cfg = &self.config;
+        let out = self.with_claims(
+            &involved,
+            |_| true,
+            false,
+            |c, claims| {
+                let now = inode::now();
+                let victim = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
+                namespace::remove(c, parent, name, dir, live, now)?;
+                overlay::apply_effects(c, fx, now)?;
+                commit_claims(c, cfg, claims)?;
+                Ok((victim, gone(c, victim)?))
+            },
+        );
         self.caches.entry_changed(parent, name);
         let (victim, dead) = out?;
         self.forget_inodes(&[victim]);
@@ -951,17 +1046,25 @@ impl Store {
         live: &dyn Liveness,
         fx: &Effects<'_>,
     ) -> Result<(), Errno> {
-        let out = self.write_tx(|c| {
-            let now = inode::now();
-            let moved = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
-            let victim = inode::dentry(c, newparent, newname)
-                .ok()
-                .flatten()
-                .map(|d| d.1);
-            namespace::rename(c, parent, name, newparent, newname, flags, live, now)?;
-            overlay::apply_effects(c, fx, now)?;
-            Ok((moved, victim, gone(c, victim)?))
-        });
+        let involved = self.named(&[(parent, name), (newparent, newname)]);
+        let cfg = &self.config;
+        let out = self.with_claims(
+            &involved,
+            |_| true,
+            false,
+            |c, claims| {
+                let now = inode::now();
+                let moved = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
+                let victim = inode::dentry(c, newparent, newname)
+                    .ok()
+                    .flatten()
+                    .map(|d| d.1);
+                namespace::rename(c, parent, name, newparent, newname, flags, live, now)?;
+                overlay::apply_effects(c, fx, now)?;
+                commit_claims(c, cfg, claims)?;
+                Ok((moved, victim, gone(c, victim)?))
+            },
+        );
         self.caches.entry_changed(parent, name);
         self.caches.entry_changed(newparent, newname);
         // A moved directory's ".." changed; both inodes' ctime (and the victim's nlink).
@@ -1002,7 +1105,13 @@ impl Store {
             let Some(view) = view else {
                 return self.read_tx(|c| data::read(c, cfg, ino, offset, len));
             };
-            let mut buf = self.read_tx(|c| data::read_sized(c, cfg, ino, offset, len, view.end))?;
+            let mut buf = if view.cut {
+                // Truncated to zero since the stored contents: only pending bytes count.
+                let end = offset.saturating_add(len).min(view.end);
+                vec![0u8; usize::try_from(end.saturating_sub(offset)).map_err(|_| Errno::EFBIG)?]
+            } else {
+                self.read_tx(|c| data::read_sized(c, cfg, ino, offset, len, view.end))?
+            };
             for layer in &view.layers {
                 layer.overlay(offset, &mut buf);
             }
@@ -1050,22 +1159,27 @@ impl Store {
     pub fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: u32) -> Result<(), Errno> {
         let cfg = &self.config;
         let punch = mode & libc::FALLOC_FL_PUNCH_HOLE as u32 != 0;
-        self.with_claims(&[ino], true, false, |c, claims| {
-            for b in claims {
-                let pieces = if punch {
-                    pieces_outside(b, offset, offset.saturating_add(length))
-                } else {
-                    b.extents.iter().collect()
-                };
-                data::write_extents(c, cfg, b.ino, &pieces, b.mtime, b.ctime)?;
-                // Punched-out pending bytes still extended the file: the size keeps their end.
-                let end = b.extents.iter().map(|(o, d)| o + d.len() as u64).max();
-                if let Some(end) = end {
-                    data::extend_to(c, cfg, b.ino, end, inode::now())?;
+        self.with_claims(
+            &[ino],
+            |_| true,
+            false,
+            |c, claims| {
+                for b in claims {
+                    let pieces = if punch {
+                        pieces_outside(b, offset, offset.saturating_add(length))
+                    } else {
+                        b.extents.iter().collect()
+                    };
+                    put(c, cfg, b, &pieces)?;
+                    // Punched-out pending bytes still extended the file: the size keeps their end.
+                    let end = b.extents.iter().map(|(o, d)| o + d.len() as u64).max();
+                    if let Some(end) = end {
+                        data::extend_to(c, cfg, b.ino, end, inode::now())?;
+                    }
                 }
-            }
-            data::fallocate(c, cfg, ino, offset, length, mode, inode::now())
-        })
+                data::fallocate(c, cfg, ino, offset, length, mode, inode::now())
+            },
+        )
     }
 
     /// Commit `ino`'s pending writes now (no barrier).
@@ -1074,12 +1188,12 @@ impl Store {
             return Ok(());
         }
         let cfg = &self.config;
-        self.with_claims(&[ino], true, false, |c, claims| {
-            for b in claims {
-                apply(c, cfg, b)?;
-            }
-            Ok(())
-        })
+        self.with_claims(
+            &[ino],
+            |_| true,
+            false,
+            |c, claims| commit_claims(c, cfg, claims),
+        )
     }
 
     /// SEEK_DATA / SEEK_HOLE; ENXIO at or past EOF (or no data after `offset`). Pending writes
@@ -1100,21 +1214,24 @@ impl Store {
         len: u64,
     ) -> Result<u64, Errno> {
         let cfg = &self.config;
-        self.with_claims(&[ino_in, ino_out], true, false, |c, claims| {
-            for b in claims {
-                apply(c, cfg, b)?;
-            }
-            data::copy_range(
-                c,
-                &self.config,
-                ino_in,
-                off_in,
-                ino_out,
-                off_out,
-                len,
-                inode::now(),
-            )
-        })
+        self.with_claims(
+            &[ino_in, ino_out],
+            |_| true,
+            false,
+            |c, claims| {
+                commit_claims(c, cfg, claims)?;
+                data::copy_range(
+                    c,
+                    &self.config,
+                    ino_in,
+                    off_in,
+                    ino_out,
+                    off_out,
+                    len,
+                    inode::now(),
+                )
+            },
+        )
     }
 
     /// The durability barrier for everything: commits every pending write, then returns after
@@ -1265,6 +1382,21 @@ impl Drop for Store {
             }
         }
     }
+}
+
+/// Commit claimed pending state in the caller's transaction; in a namespace operation, after
+/// its changes (an inode the operation deleted is skipped). The operation then never commits ahead of the
+/// data and attributes acknowledged before it for the inodes it names: a file renamed or
+/// linked into place holds its contents in the same commit (SPEC.md "Durability").
+fn commit_claims(
+    c: &rusqlite::Connection,
+    cfg: &FsConfig,
+    claims: &[Arc<batch::InodeBatch>],
+) -> Result<(), Errno> {
+    for b in claims {
+        apply(c, cfg, b)?;
+    }
+    Ok(())
 }
 
 /// `victim` if the transaction deleted it (so its pending bytes must go).

@@ -8,7 +8,7 @@ use super::inode::{attr_of, meta, sql_ino, S_IFMT};
 use super::{Attr, FsConfig, Ino, SetAttr, StatFs, TimeSet, Timespec};
 use crate::errno::Errno;
 
-fn resolve_time(t: TimeSet, now: Timespec) -> Result<Timespec, Errno> {
+pub(super) fn resolve_time(t: TimeSet, now: Timespec) -> Result<Timespec, Errno> {
     match t {
         TimeSet::Now => Ok(now),
         TimeSet::At(ts) if ts.nsec < 1_000_000_000 => Ok(ts),

@@ -7,6 +7,7 @@ mod durability;
 mod model;
 mod namespace;
 mod nsbatch;
+mod ordering;
 mod schema;
 
 use std::path::PathBuf;
