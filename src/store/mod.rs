@@ -828,7 +828,7 @@ impl Store {
     /// [`Store::setattr`] of size 0 (and times) on a regular file with batching on: the
     /// truncate joins the pending state. `None` when `set` is not such a truncate.
     fn truncate_to_zero(&self, ino: Ino, set: &SetAttr) -> Result<Option<Attr>, Errno> {
-        let Some(b) = self.batch.as_ref().filter(|b| !b.degraded()) else {
+        let Some(b) = self.batch.as_ref() else {
             return Ok(None);
         };
         let only_size =
@@ -840,6 +840,7 @@ impl Store {
         if a.mode & libc::S_IFMT != libc::S_IFREG {
             return Ok(None);
         }
+        self.failure.check()?;
         let now = inode::now();
         let mtime = stat::resolve_time(set.mtime.unwrap_or(TimeSet::Now), now)?;
         let ctime = set.ctime.unwrap_or(now);
