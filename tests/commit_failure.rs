@@ -60,7 +60,7 @@ fn fsync_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Poll `cond` for up to 5 s (the server tells the kernel from a background thread).
-fn eventually(what: &str, cond: impl Fn() -> bool) {
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !cond() {
         assert!(Instant::now() < deadline, "{what}");
@@ -372,4 +372,61 @@ fn diff_names(a: &Tree, b: &Tree) -> Vec<String> {
         .collect();
     out.dedup();
     out
+}
+
+/// Detaches a mount this test made when the test ends, passing or failing.
+struct Detach(PathBuf);
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        common::force_cleanup(&self.0);
+    }
+}
+
+#[test]
+fn a_background_server_logs_the_loss_where_status_says() {
+    if !fuse_or_skip("a_background_server_logs_the_loss_where_status_says") {
+        return;
+    }
+    let dir = tempfile::tempdir_in(common::scratch_root()).unwrap();
+    let db = dir.path().join("db.sqlite");
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let mnt = fs::canonicalize(&mnt).unwrap();
+    let trigger = dir.path().join("fail-commits");
+    let out = std::process::Command::new(common::bin())
+        .args(["mount", db.to_str().unwrap(), mnt.to_str().unwrap()])
+        .env("AGENTFS_FAULT_COMMIT", &trigger)
+        .env("AGENTFS_BATCH_WINDOW_MS", "300")
+        .env("AGENTFS_BATCH_NAMESPACE_GAP_MS", "0")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _detach = Detach(mnt.clone());
+    fs::write(&trigger, b"").unwrap();
+    fs::write(mnt.join("lost"), b"lost").unwrap();
+    assert_eq!(errno(fsync_dir(&mnt)), Some(libc::EIO));
+    // `agentfs status` names the log, and shows the failure once the record is rewritten.
+    let mine = mnt.display().to_string();
+    let mut log = None;
+    eventually("agentfs status shows no failure", || {
+        let out = common::agentfs(&["status"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let mut lines = text.lines().skip_while(|l| !l.contains(&mine)).skip(1);
+        let (l1, l2) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+        log = l1.trim().strip_prefix("log: ").map(PathBuf::from);
+        l2.trim().starts_with("FAILED: ")
+    });
+    let log = log.expect("agentfs status names no log");
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("a commit to the database failed"),
+        "the log says nothing of the loss: {text}"
+    );
+    let out = common::agentfs(&["umount", mnt.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "umount exited 0");
+    assert!(said.contains(&log.display().to_string()), "umount does not name the log: {said}");
+    fs::remove_file(&trigger).unwrap();
+    assert_consistent(&db);
 }
