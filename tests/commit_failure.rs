@@ -60,7 +60,7 @@ fn fsync_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Poll `cond` for up to 5 s (the server tells the kernel from a background thread).
-fn eventually(what: &str, cond: impl Fn() -> bool) {
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !cond() {
         assert!(Instant::now() < deadline, "{what}");
@@ -93,7 +93,11 @@ fn a_lost_commit_is_sticky_and_umount_says_what_was_lost() {
         Some(libc::EIO),
         "a later fsync of another file"
     );
-    assert_eq!(errno(fsync_dir(&m.mnt)), Some(libc::EIO), "a directory fsync");
+    assert_eq!(
+        errno(fsync_dir(&m.mnt)),
+        Some(libc::EIO),
+        "a directory fsync"
+    );
     assert_eq!(errno(fs::create_dir(m.path("after"))), Some(libc::EIO));
     assert_eq!(errno(fs::remove_file(m.path("kept"))), Some(libc::EIO));
     assert_eq!(fs::read(m.path("kept")).unwrap(), b"kept");
@@ -103,7 +107,10 @@ fn a_lost_commit_is_sticky_and_umount_says_what_was_lost() {
         !m.path("lostdir").exists()
     });
     let status = common::settled_record(m.server_pid());
-    assert!(status.lost.contains("EIO") || status.lost.contains("Input/output"), "{status:?}");
+    assert!(
+        status.lost.contains("EIO") || status.lost.contains("Input/output"),
+        "{status:?}"
+    );
     let (out, server) = f.m.unmount_reporting();
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "umount after a lost commit exited 0");
@@ -140,10 +147,16 @@ fn a_name_whose_removal_was_lost_is_not_hidden_by_the_kernel_cache() {
     let m = &f.m;
     fs::write(m.path("victim"), b"still here").unwrap();
     // Its bytes reach the server now: the kernel drops the dirty pages of a file it unlinks.
-    fs::File::open(m.path("victim")).unwrap().sync_all().unwrap();
+    fs::File::open(m.path("victim"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
     fs::create_dir(m.path("dir")).unwrap();
     fs::write(m.path("dir/inner"), b"inner").unwrap();
-    fs::File::open(m.path("dir/inner")).unwrap().sync_all().unwrap();
+    fs::File::open(m.path("dir/inner"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
     fsync_dir(&m.mnt).unwrap();
     f.fail_commits(true);
     fs::remove_file(m.path("victim")).unwrap();
@@ -262,7 +275,8 @@ fn random_op(
 
 #[test]
 fn random_commit_failures_lose_nothing_reported_successful_but_the_lost_window() {
-    if !fuse_or_skip("random_commit_failures_lose_nothing_reported_successful_but_the_lost_window") {
+    if !fuse_or_skip("random_commit_failures_lose_nothing_reported_successful_but_the_lost_window")
+    {
         return;
     }
     let mut f = Faulty::new(20, &[]);
@@ -287,7 +301,10 @@ fn random_commit_failures_lose_nothing_reported_successful_but_the_lost_window()
             let (r, next, barrier) = random_op(&mut rng, &f.m.mnt, &cur, serial);
             match r {
                 Ok(()) => {
-                    assert!(!failed, "round {round}: an operation succeeded after a failure");
+                    assert!(
+                        !failed,
+                        "round {round}: an operation succeeded after a failure"
+                    );
                     states.push(next);
                     // A successful fsync (file or directory) covers everything before it.
                     if barrier {
@@ -301,7 +318,10 @@ fn random_commit_failures_lose_nothing_reported_successful_but_the_lost_window()
                         [libc::EIO, libc::ENOENT, libc::ENOTDIR].contains(&code),
                         "round {round}: {e}"
                     );
-                    assert!(i >= fail_at, "round {round}: a failure before any fault: {e}");
+                    assert!(
+                        i >= fail_at,
+                        "round {round}: a failure before any fault: {e}"
+                    );
                     if !failed {
                         // The first failing operation may have half-happened (a create whose
                         // fsync failed): its names are exempt.
@@ -372,4 +392,68 @@ fn diff_names(a: &Tree, b: &Tree) -> Vec<String> {
         .collect();
     out.dedup();
     out
+}
+
+/// Detaches a mount this test made when the test ends, passing or failing.
+struct Detach(PathBuf);
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        common::force_cleanup(&self.0);
+    }
+}
+
+#[test]
+fn a_background_server_logs_the_loss_where_status_says() {
+    if !fuse_or_skip("a_background_server_logs_the_loss_where_status_says") {
+        return;
+    }
+    let dir = tempfile::tempdir_in(common::scratch_root()).unwrap();
+    let db = dir.path().join("db.sqlite");
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let mnt = fs::canonicalize(&mnt).unwrap();
+    let trigger = dir.path().join("fail-commits");
+    let out = std::process::Command::new(common::bin())
+        .args(["mount", db.to_str().unwrap(), mnt.to_str().unwrap()])
+        .env("AGENTFS_FAULT_COMMIT", &trigger)
+        .env("AGENTFS_BATCH_WINDOW_MS", "300")
+        .env("AGENTFS_BATCH_NAMESPACE_GAP_MS", "0")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _detach = Detach(mnt.clone());
+    fs::write(&trigger, b"").unwrap();
+    fs::write(mnt.join("lost"), b"lost").unwrap();
+    assert_eq!(errno(fsync_dir(&mnt)), Some(libc::EIO));
+    // `agentfs status` names the log, and shows the failure once the record is rewritten.
+    let mine = mnt.display().to_string();
+    let mut log = None;
+    eventually("agentfs status shows no failure", || {
+        let out = common::agentfs(&["status"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let mut lines = text.lines().skip_while(|l| !l.contains(&mine)).skip(1);
+        let (l1, l2) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+        log = l1.trim().strip_prefix("log: ").map(PathBuf::from);
+        l2.trim().starts_with("FAILED: ")
+    });
+    let log = log.expect("agentfs status names no log");
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("a commit to the database failed"),
+        "the log says nothing of the loss: {text}"
+    );
+    let out = common::agentfs(&["umount", mnt.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "umount exited 0");
+    assert!(
+        said.contains(&log.display().to_string()),
+        "umount does not name the log: {said}"
+    );
+    fs::remove_file(&trigger).unwrap();
+    assert_consistent(&db);
 }

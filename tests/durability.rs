@@ -159,7 +159,10 @@ fn syncfs_pushes_written_pages_but_is_no_barrier_and_fsync_is() {
     fs::write(m.path("f"), b"old").unwrap();
     fsync_dir(&m.mnt);
     // New bytes in the kernel's page cache (writeback cache), and a committed mkdir.
-    let mut f = fs::OpenOptions::new().write(true).open(m.path("f")).unwrap();
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("f"))
+        .unwrap();
     f.write_all(b"new bytes").unwrap();
     fs::create_dir(m.path("d")).unwrap();
     std::thread::sleep(Duration::from_millis(200));
@@ -176,7 +179,10 @@ fn syncfs_pushes_written_pages_but_is_no_barrier_and_fsync_is() {
         if out.stdout == b"new bytes" {
             break;
         }
-        assert!(Instant::now() < deadline, "syncfs did not push the page cache");
+        assert!(
+            Instant::now() < deadline,
+            "syncfs did not push the page cache"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // ...but the server was never asked to make anything durable.
@@ -206,7 +212,11 @@ fn umount_returns_after_the_final_commit() {
     m.unmount();
     // At once: the database file alone holds every operation (the WAL is folded in).
     let wal = m.dir.path().join("db.sqlite-wal");
-    assert_eq!(fs::metadata(&wal).map(|md| md.len()).unwrap_or(0), 0, "WAL left over");
+    assert_eq!(
+        fs::metadata(&wal).map(|md| md.len()).unwrap_or(0),
+        0,
+        "WAL left over"
+    );
     let db = m.db.to_str().unwrap().to_string();
     for i in 0..n {
         let out = common::agentfs(&["fs", &db, "cat", &format!("/f{i}")]);

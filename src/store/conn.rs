@@ -468,7 +468,10 @@ impl WriterCell {
                 _ => None,
             };
             let window = w.sync_window;
-            let sync_due = w.dirty_since.filter(|_| !window.is_zero()).map(|t| t + window);
+            let sync_due = w
+                .dirty_since
+                .filter(|_| !window.is_zero())
+                .map(|t| t + window);
             match commit_due.into_iter().chain(sync_due).min() {
                 // Nothing due: look again after a window (a commit may start one meanwhile).
                 None if window.is_zero() => self.wake.wait(&mut w),

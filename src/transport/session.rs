@@ -207,9 +207,7 @@ pub fn run(
     let result = match (store.failure().summary(), synced, checkpointed) {
         (Some(lost), _, _) => Err(SessionError::Lost(lost)),
         (None, Err(e), _) => Err(SessionError::Other(format!("final sync failed: {e}"))),
-        (None, Ok(()), Err(e)) => Err(SessionError::Other(format!(
-            "final checkpoint failed: {e}"
-        ))),
+        (None, Ok(()), Err(e)) => Err(SessionError::Other(format!("final checkpoint failed: {e}"))),
         (None, Ok(()), Ok(())) => Ok(()),
     };
     if let Err(e) = &result {

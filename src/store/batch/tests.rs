@@ -206,7 +206,11 @@ fn nothing_acknowledged_as_durable_is_lost_at_a_crash() {
 
 #[test]
 fn without_a_crash_everything_is_committed_at_shutdown() {
-    let b = Batcher::new(Fake::default(), cfg(1000, 3, 8192, 64 * 1024), Default::default());
+    let b = Batcher::new(
+        Fake::default(),
+        cfg(1000, 3, 8192, 64 * 1024),
+        Default::default(),
+    );
     b.start().unwrap();
     let promised = writer(&b, &[Ino(5), Ino(6), Ino(7)], 9, 500);
     b.sync_all().unwrap();
@@ -219,7 +223,11 @@ fn without_a_crash_everything_is_committed_at_shutdown() {
 
 #[test]
 fn fsync_commits_and_a_barrier_captures_the_inode() {
-    let b = Batcher::new(Fake::default(), cfg(60_000, 1024, 1 << 20, 1 << 30), Default::default());
+    let b = Batcher::new(
+        Fake::default(),
+        cfg(60_000, 1024, 1 << 20, 1 << 30),
+        Default::default(),
+    );
     // No committer thread: only the fsync can commit.
     b.write(Ino(2), 0, b"hello", Some(T));
     b.write(Ino(3), 0, b"other", Some(T));
@@ -255,8 +263,16 @@ fn a_failed_commit_is_reported_by_every_later_fsync_and_sync() {
     // A group commit of both fails; the fallback commits inode 5 alone.
     assert_eq!(b.flush_all(), Err(Errno::ENOSPC));
     assert_eq!(b.fsync(Ino(4)), Err(Errno::ENOSPC));
-    assert_eq!(b.fsync(Ino(4)), Err(Errno::ENOSPC), "sticky: not reported once");
-    assert_eq!(b.fsync(Ino(5)), Err(Errno::ENOSPC), "every inode's fsync reports it");
+    assert_eq!(
+        b.fsync(Ino(4)),
+        Err(Errno::ENOSPC),
+        "sticky: not reported once"
+    );
+    assert_eq!(
+        b.fsync(Ino(5)),
+        Err(Errno::ENOSPC),
+        "every inode's fsync reports it"
+    );
     assert_eq!(b.sync_all(), Err(Errno::ENOSPC), "and every sync");
     assert_eq!(b.sync_all(), Err(Errno::ENOSPC));
     let st = b.backend().lock();
@@ -271,7 +287,11 @@ fn a_failed_commit_is_reported_by_every_later_fsync_and_sync() {
 #[test]
 fn writers_wait_at_the_cap_and_memory_stays_bounded() {
     let cap = 256 * 1024;
-    let b = Batcher::new(Fake::default(), cfg(10_000, 1024, 64 * 1024, cap), Default::default());
+    let b = Batcher::new(
+        Fake::default(),
+        cfg(10_000, 1024, 64 * 1024, cap),
+        Default::default(),
+    );
     b.start().unwrap();
     let stop = AtomicBool::new(false);
     let peak = AtomicU64::new(0);
@@ -302,7 +322,11 @@ fn writers_wait_at_the_cap_and_memory_stays_bounded() {
 
 #[test]
 fn discard_drops_pending_and_claims_restore() {
-    let b = Batcher::new(Fake::default(), cfg(60_000, 1024, 1 << 20, 1 << 30), Default::default());
+    let b = Batcher::new(
+        Fake::default(),
+        cfg(60_000, 1024, 1 << 20, 1 << 30),
+        Default::default(),
+    );
     b.write(Ino(8), 0, &[7u8; 100], Some(T));
     let c = b.claim(Ino(8)).unwrap();
     b.write(Ino(8), 50, &[9u8; 10], Some(T));
