@@ -930,10 +930,11 @@ impl Store {
             |_| true,
             false,
             |c, claims| {
+                // First, so the attributes the link answers include the committed bytes.
+                commit_claims(c, cfg, claims)?;
                 let now = inode::now();
                 let a = namespace::link(c, cfg, ino, newparent, newname, now)?;
                 overlay::apply_effects(c, fx, now)?;
-                commit_claims(c, cfg, claims)?;
                 Ok(a)
             },
         );
@@ -1385,10 +1386,10 @@ impl Drop for Store {
     }
 }
 
-/// Commit claimed pending state in the caller's transaction; in a namespace operation, after
-/// its changes (an inode the operation deleted is skipped). The operation then never commits ahead of the
-/// data and attributes acknowledged before it for the inodes it names: a file renamed or
-/// linked into place holds its contents in the same commit (SPEC.md "Durability").
+/// Commit claimed pending state in the caller's transaction. In a namespace operation the
+/// operation then never commits ahead of the data acknowledged before it for the inodes it
+/// names: a file renamed or linked into place holds its contents in the same commit (SPEC.md
+/// "Durability", "Order"). After a rename or unlink, an inode the operation deleted is skipped.
 fn commit_claims(
     c: &rusqlite::Connection,
     cfg: &FsConfig,

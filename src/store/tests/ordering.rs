@@ -52,7 +52,8 @@ fn a_link_commits_the_contents_with_it() {
     let db = held();
     let tmp = db.file(Ino::ROOT, "tmp_obj");
     db.write(tmp, 0, &pattern(5_000, 3)).unwrap();
-    db.link(tmp, Ino::ROOT, b"object").unwrap();
+    // The link answers attributes that count the bytes it committed.
+    assert_eq!(db.link(tmp, Ino::ROOT, b"object").unwrap().size, 5_000);
     db.unlink(Ino::ROOT, b"tmp_obj", &NoReferences).unwrap();
     assert!(committed(&db, "object") == pattern(5_000, 3));
     db.assert_clean();
