@@ -75,6 +75,8 @@ knob_table! {
         "How often a mounted server checks whether another process committed to the database (then it drops its caches and tells the kernel), in milliseconds (0 = never).";
     log: Str = "warn", [0, 0], Policy, "AGENTFS_LOG",
         "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug).";
+    fault_panic: Str = "", [0, 0], Policy, "AGENTFS_FAULT_PANIC",
+        "Tests only: the server panics while handling a request whose opcode (e.g. FUSE_MKDIR or mkdir) or entry name equals this value, to prove a panic is answered with EIO and serving goes on (empty = never).";
     require_fuse: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_FUSE",
         "Tests: a missing /dev/fuse is a failure instead of a skip (CI sets 1).";
     bench_quick: Bool = false, [0, 1], Policy, "AGENTFS_BENCH_QUICK",
