@@ -186,3 +186,116 @@ fn invalid_knob_values_stop_with_one_line() {
         .unwrap();
     one_line_error(&out, "AGENTFS_FUSE_THREADS");
 }
+
+/// Run `agentfs ARGS`, giving up (and failing) after `limit`.
+fn agentfs_within(args: &[&str], limit: std::time::Duration) -> std::process::Output {
+    let mut child = std::process::Command::new(common::bin())
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    if common::wait_timeout(&mut child, limit).is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("agentfs {args:?} did not return within {limit:?}");
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Stop the server of `m` (SIGSTOP) with a caller stuck waiting for it inside the mount, as a
+/// hung server leaves things. Returns the caller's thread (its lookup's errno once it ends).
+fn stop_with_a_stuck_caller(m: &Mounted) -> std::thread::JoinHandle<Option<i32>> {
+    // SAFETY: signals a child process this test started.
+    assert_eq!(
+        unsafe { libc::kill(m.server_pid() as i32, libc::SIGSTOP) },
+        0
+    );
+    let mnt = m.mnt.clone();
+    let stuck = std::thread::spawn(move || {
+        fs::metadata(mnt.join("no-such-name"))
+            .err()
+            .and_then(|e| e.raw_os_error())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    stuck
+}
+
+fn resume(pid: u32) {
+    // SAFETY: signals a child process this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+}
+
+/// `umount --force` aborts the connection of a stopped server and detaches the mount without
+/// waiting for it, says what it did, and exits non-zero because the server has not finished;
+/// continued, the server commits what it acknowledged and exits cleanly.
+#[test]
+fn umount_force_detaches_a_stopped_server_and_says_so() {
+    if !fuse_or_skip("umount_force_detaches_a_stopped_server_and_says_so") {
+        return;
+    }
+    let mut m = Mounted::new();
+    let mut f = fs::File::create(m.path("kept")).unwrap();
+    std::io::Write::write_all(&mut f, b"synced before the stop").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let pid = m.server_pid();
+    let stuck = stop_with_a_stuck_caller(&m);
+    let started = std::time::Instant::now();
+    let out = agentfs_within(
+        &["umount", "--force", m.mnt.to_str().unwrap()],
+        std::time::Duration::from_secs(30),
+    );
+    let took = started.elapsed();
+    resume(pid);
+    eprintln!("umount --force of a stopped server took {took:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!common::is_mounted(&m.mnt), "the mount is gone");
+    assert!(
+        stdout.contains("aborted FUSE connection") && stdout.contains("detached"),
+        "reports what it did: {stdout}"
+    );
+    one_line_error(&out, &format!("server pid {pid} is stopped"));
+    assert!(
+        stuck.join().unwrap().is_some(),
+        "the stuck caller got an error"
+    );
+    assert!(
+        m.wait_exit().success(),
+        "the continued server exits cleanly"
+    );
+    m.mount();
+    assert_eq!(fs::read(m.path("kept")).unwrap(), b"synced before the stop");
+    m.unmount();
+}
+
+/// A plain `umount` of a mount whose server is stopped says the server is not answering and
+/// points to --force, instead of blaming open files; the mount stays.
+#[test]
+fn plain_umount_of_a_stopped_server_says_it_is_not_answering() {
+    if !fuse_or_skip("plain_umount_of_a_stopped_server_says_it_is_not_answering") {
+        return;
+    }
+    let mut m = Mounted::new();
+    let pid = m.server_pid();
+    let stuck = stop_with_a_stuck_caller(&m);
+    let out = agentfs_within(
+        &["umount", m.mnt.to_str().unwrap()],
+        std::time::Duration::from_secs(30),
+    );
+    resume(pid);
+    one_line_error(&out, "not answering");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("pid {pid}")) && err.contains("--force"),
+        "{err}"
+    );
+    assert!(common::is_mounted(&m.mnt), "still mounted");
+    assert_eq!(
+        stuck.join().unwrap(),
+        Some(libc::ENOENT),
+        "answered once continued"
+    );
+    m.unmount();
+}

@@ -434,6 +434,17 @@ fn sequential_reads_come_in_large_requests() {
     }
     for (kib, want_ra, bound) in [("1024", 1024, 0..48u64), ("0", 128, 100..400)] {
         let mut m = Mounted::with_env(&[("AGENTFS_FUSE_READAHEAD_KIB", kib)]);
+        // The mount appears before INIT is answered, and the server sets the readahead after
+        // that; its first status record comes after both, so wait for the record, then look.
+        let pid = m.server_pid();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !agentfs::sys::registry::live().iter().any(|r| r.pid == pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "server {pid} wrote no status record"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let entry = agentfs::sys::mounts::find(&fs::canonicalize(&m.mnt).unwrap()).unwrap();
         let ra = fs::read_to_string(format!(
             "/sys/class/bdi/{}:{}/read_ahead_kb",
@@ -453,7 +464,6 @@ fn sequential_reads_come_in_large_requests() {
         let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         assert_eq!(rc, 0);
         drop(f);
-        let pid = m.server_pid();
         let before = served(pid);
         let mut back = Vec::new();
         fs::File::open(m.path("big"))

@@ -5,6 +5,7 @@ mod common;
 
 use std::fs;
 use std::path::Path;
+use std::time::Duration;
 
 use common::{fuse_or_skip, Mounted, UringParam, URING_PARAM as PARAM};
 
@@ -205,5 +206,98 @@ fn a_lone_writers_requests_run_where_they_are_read() {
         }
         assert_eq!(fs::metadata(m.path("big")).unwrap().len(), 8 << 20);
         m.unmount();
+    }
+}
+
+/// Run `op` on another thread and give up after `limit`: a request the server never answers
+/// fails the test instead of hanging it (the mount's cleanup then aborts the connection, which
+/// frees the stuck thread).
+fn within<T: Send + 'static>(
+    what: &str,
+    limit: Duration,
+    op: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(op());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("{what}: no answer within {limit:?}"))
+}
+
+/// The server's stderr goes to `server.log` beside the database.
+const LOG_TO_FILE: [&str; 4] = ["sh", "-c", r#"exec "$@" 2>>"${3%/*}/server.log""#, "sh"];
+
+/// A panic while handling a request (injected through AGENTFS_FAULT_PANIC) is answered with
+/// EIO and logged with its opcode, and the server keeps serving, on both transports: in place
+/// on the thread that read the request (LOOKUP and MKDIR of the name "boom") and on a worker
+/// (FSYNC, which a ring thread always hands over). Each is repeated more often than a ring has
+/// entries, so an entry that did not come back would stall the ring.
+#[test]
+fn a_panicking_request_gets_eio_and_serving_goes_on() {
+    use std::io::Write;
+    if !fuse_or_skip("a_panicking_request_gets_eio_and_serving_goes_on") {
+        return;
+    }
+    let limit = Duration::from_secs(20);
+    for ring in ["N", "Y"] {
+        let Some(_param) = UringParam::set(ring) else {
+            assert!(!agentfs::knobs::get().require_fuse, "cannot set {PARAM}");
+            eprintln!("SKIP: {PARAM} not writable");
+            return;
+        };
+        for fault in ["boom", "fsync"] {
+            let mut m = Mounted::build(&[("AGENTFS_FAULT_PANIC", fault)], &LOG_TO_FILE);
+            let mnt = m.mnt.clone();
+            let errors = within("the faulty calls", limit, move || {
+                let mut errors = Vec::new();
+                for i in 0..20u8 {
+                    let e = if fault == "boom" {
+                        let _ = fs::metadata(mnt.join("boom")).map(|_| ());
+                        fs::create_dir(mnt.join("boom")).err()
+                    } else {
+                        let mut f = fs::File::create(mnt.join(format!("f{i}"))).unwrap();
+                        f.write_all(&[i; 4096]).unwrap();
+                        f.sync_all().err()
+                    };
+                    errors.push(e.and_then(|e| e.raw_os_error()));
+                }
+                errors
+            });
+            assert!(
+                errors.iter().all(|e| *e == Some(libc::EIO)),
+                "enable_uring={ring} fault {fault}: {errors:?}"
+            );
+            let mnt = m.mnt.clone();
+            within("the calls after", limit, move || {
+                fs::create_dir(mnt.join("ok")).unwrap();
+                fs::write(mnt.join("ok/file"), b"still serving").unwrap();
+                assert_eq!(fs::read(mnt.join("ok/file")).unwrap(), b"still serving");
+            });
+            if fault == "fsync" {
+                assert_eq!(fs::read(m.path("f19")).unwrap(), [19u8; 4096]);
+            }
+            if ring == "Y" {
+                assert!(ring_completions(m.server_pid()).0 >= 1, "the ring was used");
+            }
+            let started = std::time::Instant::now();
+            m.unmount();
+            eprintln!(
+                "enable_uring={ring} fault {fault}: unmounted in {:?}",
+                started.elapsed()
+            );
+            let log = fs::read_to_string(m.dir.path().join("server.log")).unwrap();
+            let op = if fault == "boom" {
+                "FUSE_LOOKUP"
+            } else {
+                "FUSE_FSYNC"
+            };
+            assert!(
+                log.lines().any(|l| l.contains("panicked")
+                    && l.contains(op)
+                    && l.contains("answered EIO")),
+                "enable_uring={ring}: the log names the opcode:\n{log}"
+            );
+        }
     }
 }

@@ -2,9 +2,45 @@
 # Runs every test: unit tests, mount tests through the real kernel (both transports), the
 # validation gates (POSIX, crash, coherence) against live mounts, and the external pjdfstest
 # conformance suite compared with ext4. Needs root and /dev/fuse.
-set -euo pipefail
+#
+# Each leg (every cargo test binary on its own, the doc tests, the conformance suite) runs even
+# when an earlier one failed; the failed legs are listed at the end, the last line is
+# `N passed, N failed` (counting legs), and the exit status is 1 when any leg failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-bash validation/install-deps.sh
-cargo build --release
-cargo test --release -- --test-threads=2
-bash validation/conformance.sh agentfs target/release/agentfs
+
+passed=0
+failed=()
+
+# leg NAME COMMAND...: run one leg and record its outcome.
+leg() {
+  local name=$1
+  shift
+  echo "=== $name: $*"
+  "$@"
+  local rc=$?
+  if [[ $rc == 0 ]]; then
+    passed=$((passed + 1))
+    echo "=== $name: ok"
+  else
+    failed+=("$name (exit $rc)")
+    echo "=== $name: FAILED (exit $rc)"
+  fi
+}
+
+leg deps bash validation/install-deps.sh
+leg build cargo build --release
+leg unit cargo test --release --lib -- --test-threads=2
+for f in tests/*.rs; do
+  t=$(basename "$f" .rs)
+  leg "tests/$t" cargo test --release --test "$t" -- --test-threads=2
+done
+leg doc cargo test --release --doc
+leg conformance bash validation/conformance.sh agentfs target/release/agentfs
+
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "failed legs:"
+  printf '  %s\n' "${failed[@]}"
+fi
+echo "$passed passed, ${#failed[@]} failed"
+[[ ${#failed[@]} == 0 ]]

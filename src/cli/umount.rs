@@ -1,7 +1,7 @@
 //! `agentfs umount MNT [--force]`: unmount, then wait for the server's final commit and
 //! report its outcome (exit status 1 and what was lost when a commit failed).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::sys::{mount, mounts, registry};
@@ -10,8 +10,11 @@ use crate::sys::{mount, mounts, registry};
 pub struct Args {
     /// The mount point.
     pub mount_point: PathBuf,
-    /// Abort the FUSE connection (for a hung or dead server) and detach the mount. Pending
-    /// requests fail with ENOTCONN; data not yet synced may be lost. Safe to repeat.
+    /// Abort the FUSE connection (for a hung, stopped or dead server) and detach the mount,
+    /// without waiting for the server to answer. Pending requests fail with ENOTCONN; writes
+    /// the kernel still held are lost. The server is left running (or stopped) so it can
+    /// commit what it acknowledged; a stopped one is reported, with its pid, and the exit
+    /// status is 1 until it finishes. Safe to repeat.
     #[arg(long)]
     pub force: bool,
     /// How long to wait for the server's final commit after the unmount, in seconds.
@@ -20,7 +23,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> super::CliResult {
-    let mnt = std::fs::canonicalize(&a.mount_point).unwrap_or_else(|_| a.mount_point.clone());
+    let mnt = mounts::locate(&a.mount_point);
     let entry = mounts::find(&mnt);
     let server = registry::live().into_iter().find(|r| r.mount_point == mnt);
     match (&entry, a.force) {
@@ -35,17 +38,42 @@ pub fn run(a: Args) -> super::CliResult {
         }
         _ => {}
     }
+    let pid = server.as_ref().map(|r| r.pid);
     if a.force {
         if let Some(e) = &entry {
             mounts::abort_connection(e).map_err(|err| format!("abort {}: {err}", mnt.display()))?;
+            println!("aborted FUSE connection {} of {}", e.minor, mnt.display());
         }
         mount::unmount(&mnt, true).map_err(|e| format!("unmount {}: {e}", mnt.display()))?;
+        println!("detached {}", mnt.display());
+        if let Some(pid) = pid.filter(|&p| stopped(p)) {
+            return Err(format!(
+                "server pid {pid} is stopped and was left so: it commits what it acknowledged \
+                 and exits once continued (kill -CONT {pid}); the database is not final before"
+            ));
+        }
     } else {
-        mount::unmount(&mnt, false).map_err(|e| match e.raw_os_error() {
-            Some(libc::EBUSY) => format!(
-                "{} is busy (files open or a process inside); close them or use --force",
+        // A stopped server cannot answer: the unmount would wait for it (writing back cached
+        // pages) or fail as busy because of callers stuck waiting.
+        if let Some(pid) = pid.filter(|&p| stopped(p)) {
+            return Err(format!(
+                "{} is not answering: server pid {pid} is stopped (continue it with \
+                 kill -CONT {pid}, or use --force)",
                 mnt.display()
-            ),
+            ));
+        }
+        mount::unmount(&mnt, false).map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) => match entry.as_ref().and_then(stuck_requests) {
+                Some(n) => format!(
+                    "{} is not answering: {n} requests have waited over a second for the \
+                     server; use --force",
+                    mnt.display()
+                ),
+                None => format!(
+                    "{} is busy (files open or a process inside); close them or use --force",
+                    mnt.display()
+                ),
+            },
             _ => format!("unmount {}: {e}", mnt.display()),
         })?;
     }
@@ -56,6 +84,12 @@ pub fn run(a: Args) -> super::CliResult {
     let proc_dir = PathBuf::from(format!("/proc/{}", rec.pid));
     let deadline = Instant::now() + Duration::from_secs(a.wait);
     while proc_dir.exists() && !is_zombie(&proc_dir) {
+        if a.force && stopped(rec.pid) {
+            return Err(format!(
+                "server pid {} stopped before it finished; continue it (kill -CONT {})",
+                rec.pid, rec.pid
+            ));
+        }
         if Instant::now() > deadline {
             return Err(format!(
                 "unmounted {}, but server pid {} is still writing the database after {}s \
@@ -90,11 +124,33 @@ pub fn run(a: Args) -> super::CliResult {
 }
 
 fn is_zombie(proc_dir: &std::path::Path) -> bool {
-    std::fs::read_to_string(proc_dir.join("stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, r)| r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
+    proc_state(proc_dir) == Some('Z')
+}
+
+/// Whether process `pid` is stopped (SIGSTOP, or a tracer holds it).
+fn stopped(pid: u32) -> bool {
+    matches!(
+        proc_state(Path::new(&format!("/proc/{pid}"))),
+        Some('T' | 't')
+    )
+}
+
+/// The state letter of a process (/proc/PID/stat's third field).
+fn proc_state(proc_dir: &Path) -> Option<char> {
+    let stat = std::fs::read_to_string(proc_dir.join("stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Requests that keep the connection behind `entry` waiting for about a second: the count
+/// never drops to zero while it is sampled. None when the server answers (or it is unknown).
+fn stuck_requests(entry: &mounts::MountEntry) -> Option<u64> {
+    let mut least = u64::MAX;
+    for _ in 0..20 {
+        least = least.min(mounts::waiting_requests(entry)?);
+        if least == 0 {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(least)
 }

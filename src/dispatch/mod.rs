@@ -54,6 +54,8 @@ pub struct Dispatcher {
     fills: Option<fills::Fills>,
     /// Sends a notification to the kernel; set by the session once the channel exists.
     notifier: OnceLock<Notifier>,
+    /// The test-only fault hook (see [`Dispatcher::fault`]); None when the knob is empty.
+    fault_panic: Option<String>,
 }
 
 /// Writes one complete notification message to the kernel.
@@ -81,6 +83,7 @@ impl Dispatcher {
             negotiated: OnceLock::new(),
             fills: knobs.fuse_noopendir.then(fills::Fills::default),
             notifier: OnceLock::new(),
+            fault_panic: Some(knobs.fault_panic.clone()).filter(|f| !f.is_empty()),
         }
     }
 
@@ -236,8 +239,66 @@ impl Dispatcher {
         (Reply::Data(reply::init(&out)), Some(negotiated))
     }
 
-    /// Handle one request. Never panics on bad input: every failure is an errno reply.
+    /// Handle one request. Never panics on bad input: every failure is an errno reply. A panic
+    /// while handling it (a bug) is contained here, for every transport and worker: it is
+    /// logged with the opcode, the request is answered with EIO, and serving goes on.
     pub fn handle(&self, req: &Request<'_>) -> Reply {
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.fault(req);
+            self.serve(req)
+        }));
+        run.unwrap_or_else(|payload| {
+            let why = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("no message");
+            let h = &req.header;
+            tracing::error!(
+                "request {} ({}, inode {}) panicked: {why}; answered EIO",
+                h.unique,
+                abi::opcode_name(h.opcode),
+                h.nodeid
+            );
+            match req.op {
+                Operation::Forget { .. }
+                | Operation::BatchForget { .. }
+                | Operation::Interrupt { .. } => Reply::None,
+                _ => Reply::Error(Errno::EIO),
+            }
+        })
+    }
+
+    /// The test-only fault hook (`AGENTFS_FAULT_PANIC`): panic when the request's opcode (with
+    /// or without its `FUSE_` prefix, any case) or one of its entry names equals the knob.
+    fn fault(&self, req: &Request<'_>) {
+        let Some(want) = &self.fault_panic else {
+            return;
+        };
+        let op = abi::opcode_name(req.header.opcode);
+        let by_op = op.eq_ignore_ascii_case(want)
+            || op
+                .strip_prefix("FUSE_")
+                .is_some_and(|o| o.eq_ignore_ascii_case(want));
+        let names: [&[u8]; 2] = match &req.op {
+            Operation::Lookup { name }
+            | Operation::Mknod { name, .. }
+            | Operation::Mkdir { name, .. }
+            | Operation::Symlink { name, .. }
+            | Operation::Create { name, .. }
+            | Operation::Unlink { name }
+            | Operation::Rmdir { name } => [name, b""],
+            Operation::Link { newname, .. } => [newname, b""],
+            Operation::Rename { name, newname, .. } => [name, newname],
+            _ => [b"", b""],
+        };
+        if by_op || names.contains(&want.as_bytes()) {
+            panic!("AGENTFS_FAULT_PANIC={want}: injected panic in {op}");
+        }
+    }
+
+    /// Route one request to the filesystem and build its reply.
+    fn serve(&self, req: &Request<'_>) -> Reply {
         let ino = Ino(req.header.nodeid);
         let caller = Caller {
             uid: req.header.uid,

@@ -14,6 +14,7 @@
 //! their own connections and never wait for a shard. With 0 workers, every request runs on the
 //! transport thread that read it.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -120,9 +121,14 @@ impl Shards {
                 .spawn(move || {
                     for job in rx {
                         let running = st.running.lock();
-                        job(&d);
+                        // The dispatcher answers a panicking request itself; this keeps the
+                        // worker and its shard's count alive if a job panics elsewhere.
+                        let ran = std::panic::catch_unwind(AssertUnwindSafe(|| job(&d)));
                         drop(running);
                         st.queued.fetch_sub(1, Ordering::Release);
+                        if ran.is_err() {
+                            tracing::error!("a job of worker {i} panicked; the worker goes on");
+                        }
                     }
                 }) {
                 Ok(h) => {
@@ -297,6 +303,26 @@ mod tests {
             Some(5),
             "stopped: everything runs here"
         );
+    }
+
+    #[test]
+    fn a_panicking_job_leaves_its_worker_and_shard_serving() {
+        let (_dir, shards) = pool(1);
+        shards.submit(1, Box::new(|_| panic!("injected")));
+        let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+        shards.submit(1, Box::new(move |_| tx.send(()).unwrap()));
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the next job ran on the same worker");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while shards.try_inline(1, |_| ()).is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the shard never came free after a panic"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(shards.handed(), 2, "both jobs went to the worker");
+        shards.stop();
     }
 
     #[test]

@@ -63,6 +63,23 @@ pub fn find(path: &Path) -> Option<MountEntry> {
     all().into_iter().rev().find(|m| m.mount_point == path)
 }
 
+/// The mount-table spelling of a mount point named by the user, found without stat-ing the
+/// mount itself (a stat of a FUSE mount's root waits for its server, which may not answer):
+/// the parent directory is resolved and the last name kept. When that is not a mount point
+/// (e.g. `path` is a symlink to one), the whole path is resolved.
+pub fn locate(path: &Path) -> PathBuf {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    if let (Some(dir), Some(name)) = (abs.parent(), abs.file_name()) {
+        if let Ok(dir) = std::fs::canonicalize(dir) {
+            let outside = dir.join(name);
+            if is_mount_point(&outside) {
+                return outside;
+            }
+        }
+    }
+    std::fs::canonicalize(&abs).unwrap_or(abs)
+}
+
 /// Whether `path` (canonical) is a mount point.
 pub fn is_mount_point(path: &Path) -> bool {
     find(path).is_some()
@@ -78,9 +95,8 @@ pub fn agentfs_mounts() -> Vec<MountEntry> {
 
 const FUSECTL: &str = "/sys/fs/fuse/connections";
 
-/// Abort the FUSE connection behind `mnt` through fusectl, so every waiting request fails with
-/// ENOTCONN and the mount can be detached. Safe to repeat.
-pub fn abort_connection(entry: &MountEntry) -> std::io::Result<()> {
+/// The fusectl directory of the FUSE connection behind `entry` (mounting fusectl if needed).
+fn connection_dir(entry: &MountEntry) -> std::io::Result<PathBuf> {
     if !entry.fstype.starts_with("fuse") {
         return Err(std::io::Error::other(format!(
             "{} is not a FUSE mount",
@@ -99,7 +115,20 @@ pub fn abort_connection(entry: &MountEntry) -> std::io::Result<()> {
             .status();
     }
     // The connection id is the minor number of the anonymous device FUSE mounts use.
-    let abort = dir.join(entry.minor.to_string()).join("abort");
+    Ok(dir.join(entry.minor.to_string()))
+}
+
+/// Requests of the connection behind `entry` that wait for the server's answer (fusectl's
+/// `waiting`); None when it cannot be read.
+pub fn waiting_requests(entry: &MountEntry) -> Option<u64> {
+    let text = std::fs::read_to_string(connection_dir(entry).ok()?.join("waiting")).ok()?;
+    text.trim().parse().ok()
+}
+
+/// Abort the FUSE connection behind `mnt` through fusectl, so every waiting request fails with
+/// ENOTCONN and the mount can be detached. Safe to repeat.
+pub fn abort_connection(entry: &MountEntry) -> std::io::Result<()> {
+    let abort = connection_dir(entry)?.join("abort");
     match std::fs::write(&abort, b"1") {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -108,8 +108,21 @@ impl Mapped {
     }
 }
 
+impl Mapped {
+    /// No mapping (what an entry keeps after its buffers were deliberately leaked).
+    fn none() -> Self {
+        Mapped {
+            ptr: std::ptr::null_mut(),
+            len: 0,
+        }
+    }
+}
+
 impl Drop for Mapped {
     fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
         // SAFETY: the mapping was created by mmap with this length and is unmapped once.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
@@ -158,11 +171,28 @@ impl Done {
     }
 }
 
+/// A worker's hold on a ring entry: dropping it hands the entry back to its ring thread, so an
+/// entry comes back even if its job unwinds (a lost entry would leave the kernel waiting for
+/// the reply and the ring thread for the entry, and the unmount would hang).
+struct Handed {
+    done: Arc<Done>,
+    idx: usize,
+}
+
+impl Drop for Handed {
+    fn drop(&mut self) {
+        self.done.finish(self.idx);
+    }
+}
+
 /// `user_data` of the eventfd READ (entry indexes are small).
 const DONE_TAG: u64 = u64::MAX;
 
-/// One queue: a ring and its entries. Field order matters: the ring is dropped (closed) before
-/// the entries' buffers and the eventfd read buffer it may still reference.
+/// One queue: a ring and its entries. The kernel holds raw pointers to an entry's buffers
+/// from its REGISTER until the connection ends, and writes a request into them whenever the
+/// entry waits in the kernel; closing the ring does not take those pointers back at once (its
+/// commands are cancelled asynchronously, and the connection outlives the ring). So the buffers
+/// are freed only when no command of theirs is outstanding; see the `Drop` impl.
 pub struct Queue {
     ring: IoUring<squeue::Entry128>,
     entries: Vec<Entry>,
@@ -171,6 +201,39 @@ pub struct Queue {
     done_rx: Receiver<usize>,
     /// Target of the armed eventfd READ.
     efd_buf: Box<u64>,
+    /// Whether a READ into `efd_buf` is outstanding.
+    done_armed: bool,
+}
+
+impl Drop for Queue {
+    /// Free an entry's buffers only when the kernel cannot write into them any more: never
+    /// handed over (Idle) or answered with its final completion (Dead). An entry still in the
+    /// kernel or with a worker (the queue dropped on an error path or by a panic) keeps its
+    /// mappings for the life of the process: a few MiB leaked on a rare failure, instead of the
+    /// kernel or a worker writing into memory reused for something else. The same holds for the
+    /// eventfd READ's target. (Field drops run after this: the ring closes first.)
+    fn drop(&mut self) {
+        let mut kept = 0;
+        for e in &mut self.entries {
+            if !matches!(e.state, EntState::Idle | EntState::Dead) {
+                e.state = EntState::Dead;
+                let header = std::mem::replace(&mut e.header, Mapped::none());
+                let payload = std::mem::replace(&mut e.payload, Mapped::none());
+                std::mem::forget(header);
+                std::mem::forget(payload);
+                kept += 1;
+            }
+        }
+        if self.done_armed {
+            std::mem::forget(std::mem::replace(&mut self.efd_buf, Box::new(0)));
+        }
+        if kept > 0 {
+            tracing::warn!(
+                "queue {}: {kept} entries were still held by the kernel or a worker; their buffers stay mapped",
+                self.qid
+            );
+        }
+    }
 }
 
 /// An entry's buffers as a worker sees them while the entry is `InUser`.
@@ -239,6 +302,7 @@ pub fn prepare(queues: usize, depth: usize, payload: usize) -> io::Result<Vec<Qu
             done: Arc::new(Done { tx, efd }),
             done_rx,
             efd_buf: Box::new(0),
+            done_armed: false,
         });
     }
     Ok(out)
@@ -314,7 +378,9 @@ impl Queue {
         let sqe = opcode::Read::new(types::Fd(self.done.efd.as_raw_fd()), buf.cast(), 8)
             .build()
             .user_data(DONE_TAG);
-        self.push_sqe(sqe.into())
+        self.push_sqe(sqe.into())?;
+        self.done_armed = true;
+        Ok(())
     }
 
     fn push_sqe(&mut self, sqe: squeue::Entry128) -> io::Result<()> {
@@ -370,6 +436,7 @@ impl Queue {
             done.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
             for &(tag, res) in &done {
                 if tag == DONE_TAG {
+                    self.done_armed = false;
                     self.collect_finished(fd);
                     if let Err(e) = self.arm_done() {
                         tracing::error!("queue {}: cannot re-arm its eventfd: {e}", self.qid);
@@ -483,10 +550,14 @@ impl Queue {
             }
             return;
         }
-        let done = self.done.clone();
+        let handed = Handed {
+            done: self.done.clone(),
+            idx,
+        };
         shards.submit(
             key,
             Box::new(move |d| {
+                let _back = handed;
                 let bufs = bufs;
                 // SAFETY: see EntryBufs: the entry is InUser, so this job is the only user of
                 // its buffers until `finish` hands them back to the ring thread.
@@ -497,7 +568,6 @@ impl Queue {
                     )
                 };
                 fill_reply(hdr, payload, d);
-                done.finish(idx);
             }),
         );
     }
@@ -585,6 +655,26 @@ mod tests {
         assert_eq!(parse_cpu_list("0"), Some(1));
         assert_eq!(parse_cpu_list("0-3,8-11"), Some(12));
         assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn an_entry_comes_back_from_a_job_that_panics() {
+        // SAFETY: eventfd has no memory preconditions; the result is checked.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(efd >= 0);
+        // SAFETY: a fresh descriptor owned by nobody else.
+        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let (tx, rx) = unbounded();
+        let handed = Handed {
+            done: Arc::new(Done { tx, efd }),
+            idx: 3,
+        };
+        let job = std::thread::spawn(move || {
+            let _back = handed;
+            panic!("injected");
+        });
+        assert!(job.join().is_err(), "the job panicked");
+        assert_eq!(rx.try_recv().ok(), Some(3), "its entry came back");
     }
 
     #[test]

@@ -79,7 +79,8 @@ impl Mounted {
         Self::scratch(&[], &[])
     }
 
-    fn build(env: &[(&str, &str)], wrapper: &[&str]) -> Self {
+    /// Mount with extra environment and under a wrapper (see [`Mounted::wrapped`]).
+    pub fn build(env: &[(&str, &str)], wrapper: &[&str]) -> Self {
         let mut m = Self::scratch(env, wrapper);
         m.mount();
         m
