@@ -190,6 +190,17 @@ impl Liveness for NoReferences {
     }
 }
 
+/// A running server holds the database (offline use while mounted): the kernel may reference
+/// any inode, so every inode that loses its last name stays as an orphan, and the server
+/// reaps it when it notices the change (see [`Store::orphans`]) or at its last FORGET.
+pub struct ServerReaps;
+
+impl Liveness for ServerReaps {
+    fn retain_orphan(&self, _: Ino) -> bool {
+        true
+    }
+}
+
 /// Failures of opening or creating a database (the CLI prints them as one line).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -967,6 +978,12 @@ impl Store {
         self.forget_inodes(&[Some(ino)]);
         self.discard_dead(out?);
         Ok(())
+    }
+
+    /// Every orphan (nlink 0, never the root) as committed: a running server reaps those the
+    /// kernel does not reference after another process removed names (`agentfs fs rm`).
+    pub fn orphans(&self) -> Result<Vec<Ino>, Errno> {
+        self.read_tx(namespace::orphans)
     }
 
     /// Delete every inode with nlink 0 (never the root); for mount start. Returns the count.

@@ -68,6 +68,9 @@ impl Watcher {
                     }
                     match store.external_change() {
                         Ok(Some(names)) => {
+                            if let Err(e) = dispatcher.adopt_orphans() {
+                                tracing::warn!("reaping orphans left by another process: {e}");
+                            }
                             if !notify(&chan, &names, &dispatcher.kernel_inodes(), how) {
                                 break;
                             }
