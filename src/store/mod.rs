@@ -1277,6 +1277,11 @@ impl Drop for Store {
                 tracing::error!("committing batched operations at close failed: {e}");
             }
         }
+        // The read-only connections close first: SQLite folds the WAL into the main file and
+        // deletes the -wal and -shm files only when the last connection to close can write,
+        // so the writer (dropped with the fields below) must be that one.
+        self.readers.close_idle();
+        self.watch.lock().1 = None;
     }
 }
 
