@@ -45,7 +45,7 @@ mod tests;
 pub mod tools;
 mod xattr;
 
-pub use check::Finding;
+pub use check::{Finding, QuickCheck};
 pub use conn::NamespaceBatch;
 pub use namespace::NewKind;
 pub use overlay::Effects;
@@ -212,6 +212,8 @@ pub enum StoreError {
     UnknownSchema { path: String, found: String },
     #[error("{path}: {why}")]
     Invalid { path: String, why: String },
+    #[error("{path}: the database is damaged (db_corrupt: {detail}); run `agentfs fsck {path}`, or mount it with -o ro to copy files out")]
+    Corrupt { path: String, detail: String },
     #[error("{path} already exists")]
     Exists { path: String },
     #[error("{path}: {source}")]
@@ -361,6 +363,22 @@ impl Store {
     /// of two in 512..=1 MiB or an inline_threshold above chunk_size.
     pub fn create(path: &Path, opts: &InitOptions) -> Result<(), StoreError> {
         schema::create(path, opts)
+    }
+
+    /// SQLite's quick check of the file at `path` within `budget` (see [`QuickCheck`]);
+    /// [`StoreError::Corrupt`] when it finds damage.
+    pub fn quick_check(path: &Path, budget: std::time::Duration) -> Result<QuickCheck, StoreError> {
+        let out = check::quick_check(path, budget).map_err(|source| StoreError::Sqlite {
+            path: path.display().to_string(),
+            source,
+        })?;
+        match out {
+            QuickCheck::Damaged(detail) => Err(StoreError::Corrupt {
+                path: path.display().to_string(),
+                detail,
+            }),
+            other => Ok(other),
+        }
     }
 
     /// Open an existing v0.5 database. Refuses non-SQLite files (`NotSqlite`), older schemas

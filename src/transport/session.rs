@@ -50,7 +50,7 @@ impl Ready for () {
 
 /// Mount and serve until unmounted or signalled. Returns after a clean shutdown.
 pub fn run(cfg: &SessionConfig, knobs: &Knobs, ready: &mut dyn Ready) -> Result<(), SessionError> {
-    let mnt = mount::check_mount_point(&cfg.mount_point)?;
+    let mnt = mount::check_mount_point(&cfg.mount_point, cfg.options.nonempty)?;
     let db = std::fs::canonicalize(&cfg.db).unwrap_or_else(|_| cfg.db.clone());
     let _lock = lock::lock_db(&db)?;
     let store = Arc::new(Store::open(&db, cfg.options.readonly)?);
