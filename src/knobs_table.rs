@@ -78,7 +78,7 @@ knob_table! {
     mount_quick_check_ms: U64 = 2000, [1, 3600000], Policy, "AGENTFS_MOUNT_QUICK_CHECK_MS",
         "Most time the mount's quick check may take, in milliseconds; a database too large to finish in it is mounted after a warning that only part of it was checked (agentfs integrity checks it all).";
     log: Str = "warn", [0, 0], Policy, "AGENTFS_LOG",
-        "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug).";
+        "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug); offline commands log only when it is set to another filter than this default.";
     require_fuse: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_FUSE",
         "Tests: a missing /dev/fuse is a failure instead of a skip (CI sets 1).";
     bench_quick: Bool = false, [0, 1], Policy, "AGENTFS_BENCH_QUICK",

@@ -41,7 +41,7 @@ enum Command {
     Umount(umount::Args),
     /// Read or change a database's files without mounting it (safe while mounted).
     Fs(fs::Args),
-    /// List live mounts, their databases and server pids.
+    /// List your live mounts, their databases and server pids (--all: every user's mounts).
     Status(status::Args),
     /// Check a database: SQLite integrity plus every SPEC consistency rule (exit 0 clean,
     /// 1 findings, 2 could not check).
