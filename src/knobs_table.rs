@@ -75,8 +75,12 @@ knob_table! {
         "Directory entries the server keeps in memory as whole listings; a directory with more entries is never cached (0 = no listing cache).";
     external_poll_ms: U64 = 250, [0, 600000], Policy, "AGENTFS_EXTERNAL_POLL_MS",
         "How often a mounted server checks whether another process committed to the database (then it drops its caches and tells the kernel), in milliseconds (0 = never).";
+    mount_quick_check: Bool = true, [0, 1], KillSwitch, "AGENTFS_MOUNT_QUICK_CHECK",
+        "Before a read-write mount, run SQLite's PRAGMA quick_check and refuse a database whose pages are damaged (db_corrupt; -o ro still mounts it to copy files out).";
+    mount_quick_check_ms: U64 = 2000, [1, 3600000], Policy, "AGENTFS_MOUNT_QUICK_CHECK_MS",
+        "Most time the mount's quick check may take, in milliseconds; a database too large to finish in it is mounted after a warning that only part of it was checked (agentfs integrity checks it all).";
     log: Str = "warn", [0, 0], Policy, "AGENTFS_LOG",
-        "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug).";
+        "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug); offline commands log only when it is set to another filter than this default.";
     fault_commit: Str = "", [0, 0], Policy, "AGENTFS_FAULT_COMMIT",
         "Tests only: while the file this names exists, every COMMIT of the server fails with EIO and is rolled back, as a failing disk would make it (empty = off).";
     fault_panic: Str = "", [0, 0], Policy, "AGENTFS_FAULT_PANIC",

@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{fuse_or_skip, scratch_root};
+use common::{fuse_or_skip, scratch_root, UnmountOnDrop};
 
 const USER: u32 = 65534;
 
@@ -29,15 +29,6 @@ impl DevFuseMode {
 impl Drop for DevFuseMode {
     fn drop(&mut self) {
         let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.original));
-    }
-}
-
-/// Aborts and detaches the user's mount however the test ends.
-struct UnmountOnDrop(std::path::PathBuf);
-
-impl Drop for UnmountOnDrop {
-    fn drop(&mut self) {
-        common::force_cleanup(&self.0);
     }
 }
 
@@ -100,6 +91,21 @@ fn an_ordinary_user_mounts_through_fusermount3() {
     );
     let _cleanup = UnmountOnDrop(mnt.clone());
     assert!(common::is_mounted(&mnt));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!("agentfs umount {mnt_s}")),
+        "{said:?}"
+    );
+    // `status` lists the caller's own mounts; root sees other users' only with --all.
+    let listed = |out: Output| String::from_utf8_lossy(&out.stdout).contains(mnt_s);
+    assert!(listed(as_user(bin_s, &["status"])), "the owner sees it");
+    assert!(!listed(common::agentfs(&["status"])), "root's own list");
+    let all = common::agentfs(&["status", "--all"]);
+    let text = String::from_utf8_lossy(&all.stdout);
+    assert!(
+        text.contains(mnt_s) && text.contains(&format!("user {USER}")),
+        "{text}"
+    );
     let script = format!(
         "echo hello > {mnt_s}/f && mkdir {mnt_s}/d && cat {mnt_s}/f && stat -c %u:%g {mnt_s}/f"
     );
@@ -124,6 +130,20 @@ fn an_ordinary_user_mounts_through_fusermount3() {
         assert!(std::time::Instant::now() < deadline, "server still running");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    // A database its user cannot write mounts read-only, and says so.
+    fs::set_permissions(&db, fs::Permissions::from_mode(0o444)).unwrap();
+    let out = as_user(bin_s, &["mount", db_s, mnt_s]);
+    assert!(
+        out.status.success(),
+        "read-only user mount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("read-only"));
+    let opts = common::mount_options(&mnt).unwrap_or_default();
+    assert!(opts.split(',').any(|o| o == "ro"), "{opts}");
+    let read = as_user("cat", &[mnt.join("f").to_str().unwrap()]);
+    assert_eq!(read.stdout, b"hello\n");
+    assert!(as_user(bin_s, &["umount", mnt_s]).status.success());
     common::force_cleanup(&mnt);
     common::assert_consistent(&db);
 }

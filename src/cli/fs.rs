@@ -1,12 +1,14 @@
 //! `agentfs fs DB ls|cat|stat|write|mkdir|rm PATH`: offline access through the store. Safe while
 //! the database is mounted (SQLite serialises the writers); the server notices the commit within
-//! `AGENTFS_EXTERNAL_POLL_MS` and invalidates its caches and the kernel's.
+//! `AGENTFS_EXTERNAL_POLL_MS` and invalidates its caches and the kernel's. `rm` while mounted
+//! keeps unlink-while-open intact: the removed inode stays as an orphan (nlink 0) and the
+//! server reaps it once the kernel no longer references it.
 
 use std::io::{Read as _, Write as _};
 use std::path::PathBuf;
 
 use crate::errno::Errno;
-use crate::store::{Attr, Caller, Ino, NoReferences, SetAttr, Store};
+use crate::store::{Attr, Caller, Ino, Liveness, NoReferences, ServerReaps, SetAttr, Store};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -139,14 +141,16 @@ pub fn run(a: Args) -> super::CliResult {
             let (parent, name) = split_parent(path)?;
             let p = store.resolve(parent.as_bytes()).map_err(err(parent))?;
             let target = store.lookup(p, name.as_bytes()).map_err(err(path))?;
-            if target.mode & libc::S_IFMT == libc::S_IFDIR {
-                store
-                    .rmdir(p, name.as_bytes(), &NoReferences)
-                    .map_err(err(path))?;
+            // Checked after the open: a server that starts later reaps orphans at its start.
+            let live: &dyn Liveness = if crate::sys::lock::holder_pid(&a.db).is_some() {
+                &ServerReaps
             } else {
-                store
-                    .unlink(p, name.as_bytes(), &NoReferences)
-                    .map_err(err(path))?;
+                &NoReferences
+            };
+            if target.mode & libc::S_IFMT == libc::S_IFDIR {
+                store.rmdir(p, name.as_bytes(), live).map_err(err(path))?;
+            } else {
+                store.unlink(p, name.as_bytes(), live).map_err(err(path))?;
             }
             store.sync().map_err(err(path))?;
         }

@@ -45,7 +45,7 @@ enum Command {
     Umount(umount::Args),
     /// Read or change a database's files without mounting it (safe while mounted).
     Fs(fs::Args),
-    /// List live mounts, their databases and server pids.
+    /// List your live mounts, their databases and server pids (--all: every user's mounts).
     Status(status::Args),
     /// Check a database: SQLite integrity plus every SPEC consistency rule (exit 0 clean,
     /// 1 findings, 2 could not check).
@@ -78,7 +78,15 @@ pub fn main() -> i32 {
             return 2;
         }
     };
-    init_logging(&knobs.log);
+    let server = matches!(cli.command, Command::Mount(_));
+    if !server {
+        crate::sys::stdio::default_sigpipe();
+    }
+    // A command reports every failure as its one-line error; its log (the store's diagnostics,
+    // which would repeat that error) appears only when AGENTFS_LOG asks for another filter.
+    if server || knobs.log != crate::knobs::Knobs::defaults().log {
+        init_logging(&knobs.log);
+    }
     let result = match cli.command {
         Command::Init(a) => init::run(a),
         Command::Diff(a) => diff::run(a),
@@ -108,11 +116,20 @@ pub fn main() -> i32 {
     }
 }
 
+/// Log to standard error, coloured only when it is a terminal (a log file stays plain text).
 fn init_logging(filter: &str) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+/// One line on standard output; a reader that went away is not an error worth a panic.
+pub(crate) fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout(), "{line}");
 }

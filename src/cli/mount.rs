@@ -2,11 +2,12 @@
 
 use std::io::BufRead as _;
 use std::os::unix::process::CommandExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use crate::knobs::Knobs;
-use crate::store::{InitOptions, Store};
+use crate::store::{InitOptions, QuickCheck, Store};
 use crate::sys::mount::{check_mount_point, MountOptions};
 use crate::transport::session::{self, PipeReady, SessionConfig};
 
@@ -14,13 +15,14 @@ use crate::transport::session::{self, PipeReady, SessionConfig};
 pub struct Args {
     /// The database; created with default settings when it does not exist.
     pub db: PathBuf,
-    /// An existing, empty directory to mount on.
+    /// An existing, empty directory to mount on (-o nonempty accepts one with entries, which
+    /// the mount then hides).
     pub mount_point: PathBuf,
     /// Stay in the foreground and serve until unmounted or interrupted (SIGINT/SIGTERM unmount).
     #[arg(short, long)]
     pub foreground: bool,
     /// Mount options, comma separated: ro, rw, allow_other (default for root), noallow_other,
-    /// and options passed to the kernel as they are (e.g. noatime).
+    /// nonempty, and options passed to the kernel as they are (e.g. noatime).
     #[arg(short = 'o', value_delimiter = ',')]
     pub options: Vec<String>,
     /// Internal: run as the background server started by `agentfs mount` and report readiness
@@ -40,6 +42,7 @@ fn parse_options(opts: &[String]) -> MountOptions {
             "rw" => m.readonly = false,
             "allow_other" => m.allow_other = true,
             "noallow_other" => m.allow_other = false,
+            "nonempty" => m.nonempty = true,
             "default_permissions" => {}
             other => m.extra.push(other.to_string()),
         }
@@ -47,13 +50,25 @@ fn parse_options(opts: &[String]) -> MountOptions {
     m
 }
 
-pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
-    let options = parse_options(&a.options);
+/// Whether the database file refuses to be opened for writing (mode bits, the immutable
+/// attribute, a read-only filesystem); other failures are left to the real open.
+fn read_only_file(db: &Path) -> bool {
+    match std::fs::OpenOptions::new().write(true).open(db) {
+        Ok(_) => false,
+        Err(e) => matches!(
+            e.raw_os_error(),
+            Some(libc::EACCES | libc::EPERM | libc::EROFS)
+        ),
+    }
+}
+
+pub fn run(mut a: Args, knobs: &Knobs) -> super::CliResult {
+    let mut options = parse_options(&a.options);
     if a.daemon_child {
         return run_child(&a, options, knobs);
     }
     // Check everything we can before starting a server, so errors come from this process.
-    check_mount_point(&a.mount_point).map_err(|e| e.to_string())?;
+    check_mount_point(&a.mount_point, options.nonempty).map_err(|e| e.to_string())?;
     if !a.db.exists() {
         if options.readonly {
             return Err(format!(
@@ -64,12 +79,31 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
         Store::create(&a.db, &InitOptions::default()).map_err(|e| e.to_string())?;
     } else {
         drop(Store::open(&a.db, true).map_err(|e| e.to_string())?);
+        if !options.readonly && read_only_file(&a.db) {
+            eprintln!(
+                "agentfs: {} cannot be written (file mode, immutable attribute or read-only filesystem): mounting it read-only",
+                a.db.display()
+            );
+            options.readonly = true;
+            a.options.push("ro".into());
+        }
     }
     if let Some(pid) = crate::sys::lock::holder_pid(&a.db) {
         return Err(format!(
             "{} is already mounted by agentfs server pid {pid}",
             a.db.display()
         ));
+    }
+    // A read-only mount skips the check: it is how files are rescued from a damaged database.
+    if !options.readonly && knobs.mount_quick_check {
+        let budget = Duration::from_millis(knobs.mount_quick_check_ms);
+        if Store::quick_check(&a.db, budget).map_err(|e| e.to_string())? == QuickCheck::Stopped {
+            eprintln!(
+                "agentfs: {}: the quick check stopped after {} ms and covered only part of the database (agentfs integrity checks it all)",
+                a.db.display(),
+                knobs.mount_quick_check_ms
+            );
+        }
     }
     let cfg = SessionConfig {
         db: a.db.clone(),
@@ -108,6 +142,14 @@ fn launch_background(a: &Args) -> super::CliResult {
     let _ = std::io::BufReader::new(out).read_line(&mut line);
     let line = line.trim();
     if line == "ok" {
+        let mnt = std::fs::canonicalize(&a.mount_point).unwrap_or_else(|_| a.mount_point.clone());
+        super::say(format_args!(
+            "{} mounted at {}, server pid {}; stop it with: agentfs umount {}",
+            a.db.display(),
+            mnt.display(),
+            child.id(),
+            mnt.display()
+        ));
         return Ok(0);
     }
     let _ = child.wait();

@@ -1,13 +1,21 @@
-//! `agentfs status`
+//! `agentfs status [--all]`
 
 use crate::sys::{mounts, registry};
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Also list other users' agentfs mounts (by default only the caller's own are listed).
+    #[arg(long)]
+    pub all: bool,
+}
 
-pub fn run(_: Args) -> super::CliResult {
+pub fn run(a: Args) -> super::CliResult {
+    let me = crate::sys::ids::effective().0;
     let servers = registry::live();
-    let mounted = mounts::agentfs_mounts();
+    let mounted: Vec<_> = mounts::agentfs_mounts()
+        .into_iter()
+        .filter(|m| a.all || m.owner == Some(me))
+        .collect();
     if servers.is_empty() && mounted.is_empty() {
         println!("no agentfs mounts");
         return Ok(0);
@@ -40,8 +48,12 @@ pub fn run(_: Args) -> super::CliResult {
         .iter()
         .filter(|m| !servers.iter().any(|s| s.mount_point == m.mount_point))
     {
+        let why = match m.owner {
+            Some(uid) if uid != me => format!("? (mounted by user {uid})"),
+            _ => "? (no live server: agentfs umount --force)".to_string(),
+        };
         println!(
-            "{:<8} {:<10} {:<30} ? (no live server: agentfs umount --force)",
+            "{:<8} {:<10} {:<30} {why}",
             "-",
             "-",
             m.mount_point.display()

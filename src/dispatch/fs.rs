@@ -7,7 +7,9 @@
 //! and `attr.ino` the st_ino shown to programs, which may differ.
 
 use crate::errno::Errno;
-use crate::store::{Attr, Caller, DirEntry, Ino, RenameFlags, SetAttr, StatFs, Store};
+use crate::store::{
+    Attr, Caller, DirEntry, Ino, Liveness as _, RenameFlags, SetAttr, StatFs, Store,
+};
 
 use super::LookupRefs;
 
@@ -69,6 +71,9 @@ pub trait Filesystem: Send + Sync {
     ) -> Result<(), Errno>;
     /// The kernel returned `n` references to `node`.
     fn forget(&self, node: Ino, n: u64, refs: &LookupRefs);
+    /// Another process removed names (`agentfs fs rm` leaves the inodes as orphans): keep the
+    /// orphans the kernel references until their last FORGET, reap the others now.
+    fn adopt_orphans(&self, refs: &LookupRefs) -> Result<(), Errno>;
     /// An entry this layer produced for `node` was not sent to the kernel after all.
     fn unused(&self, _node: Ino) {}
     fn read(&self, node: Ino, offset: u64, size: u32) -> Result<Vec<u8>, Errno>;
@@ -168,6 +173,14 @@ impl Filesystem for Store {
                 tracing::error!("reaping orphan inode {} failed: {e}", node.0);
             }
         }
+    }
+    fn adopt_orphans(&self, refs: &LookupRefs) -> Result<(), Errno> {
+        for ino in Store::orphans(self)? {
+            if !refs.retain_orphan(ino) {
+                Store::reap(self, ino)?;
+            }
+        }
+        Ok(())
     }
     fn read(&self, node: Ino, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
         Store::read(self, node, offset, size)

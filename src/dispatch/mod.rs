@@ -132,6 +132,12 @@ impl Dispatcher {
         v
     }
 
+    /// Another process changed the database: take over the orphans it left (see
+    /// [`Filesystem::adopt_orphans`]).
+    pub fn adopt_orphans(&self) -> Result<(), Errno> {
+        self.fs.adopt_orphans(&self.refs)
+    }
+
     /// Whether the kernel caches writes (then it, not the store, knows the latest file bytes
     /// until it writes them back).
     fn writeback_cache(&self) -> bool {

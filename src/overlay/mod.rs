@@ -925,6 +925,19 @@ impl Filesystem for Overlay {
         }
     }
 
+    fn adopt_orphans(&self, refs: &LookupRefs) -> Result<(), Errno> {
+        let live = Live {
+            refs,
+            nodes: &self.nodes,
+        };
+        for x in self.store.orphans()? {
+            if !live.retain_orphan(x) {
+                self.reap(x);
+            }
+        }
+        Ok(())
+    }
+
     fn unused(&self, node: Ino) {
         if node.0 & nodes::VIRTUAL != 0 {
             self.release(node, 1);

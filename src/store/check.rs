@@ -9,6 +9,10 @@
 //! `orphan` (an inode with nlink 0 and no names) is legal while the kernel still references
 //! it; callers that know no mount is live treat it as garbage for `reap_orphans`.
 
+use std::path::Path;
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::Duration;
+
 use rusqlite::Connection;
 
 use super::FsConfig;
@@ -234,6 +238,59 @@ fn check_sqlite(c: &Connection, out: &mut Vec<Finding>) -> Result<(), Errno> {
         }
     }
     Ok(())
+}
+
+/// What [`quick_check`] saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QuickCheck {
+    Clean,
+    /// The first problem SQLite reported.
+    Damaged(String),
+    /// The time budget ran out before the check finished.
+    Stopped,
+}
+
+/// SQLite's `PRAGMA quick_check` (every page of every b-tree is read and its format checked,
+/// without the index-against-table comparisons of integrity_check) on a read-only connection,
+/// interrupted when `budget` runs out (unbounded in the unlikely case that no timer thread can
+/// start).
+pub fn quick_check(path: &Path, budget: Duration) -> rusqlite::Result<QuickCheck> {
+    use rusqlite::ErrorCode;
+    let c = super::conn::open(path, true)?;
+    let handle = c.get_interrupt_handle();
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::Builder::new()
+        .name("quick-check".into())
+        .spawn(move || {
+            if wait.recv_timeout(budget) == Err(RecvTimeoutError::Timeout) {
+                handle.interrupt();
+            }
+        })
+        .ok();
+    let first = c.query_row("PRAGMA quick_check(1)", [], |r| r.get::<_, String>(0));
+    drop(done);
+    if let Some(w) = watchdog {
+        let _ = w.join();
+    }
+    match first {
+        Ok(line) if line == "ok" => Ok(QuickCheck::Clean),
+        // One line for the user: SQLite heads its report with "*** in database main ***".
+        Ok(report) => Ok(QuickCheck::Damaged(
+            report
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with("***"))
+                .collect::<Vec<_>>()
+                .join("; "),
+        )),
+        Err(e) => match e.sqlite_error_code() {
+            Some(ErrorCode::OperationInterrupted) => Ok(QuickCheck::Stopped),
+            Some(ErrorCode::DatabaseCorrupt) | Some(ErrorCode::NotADatabase) => {
+                Ok(QuickCheck::Damaged(e.to_string()))
+            }
+            _ => Err(e),
+        },
+    }
 }
 
 /// Run every rule, starting with SQLite's own `PRAGMA integrity_check`. Reads only; runs in

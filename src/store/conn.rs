@@ -549,6 +549,12 @@ impl Pool {
         Ok(open(&self.path, true)?)
     }
 
+    /// Close every idle connection (at shutdown, before the writer closes).
+    pub fn close_idle(&self) {
+        let idle = std::mem::take(&mut *self.idle.lock());
+        drop(idle);
+    }
+
     fn checkin(&self, conn: Connection) {
         let mut idle = self.idle.lock();
         if idle.len() < MAX_IDLE_READERS {

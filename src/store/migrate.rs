@@ -264,6 +264,31 @@ fn step_v02(c: &Connection, steps: &mut Vec<String>) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Every older writer that kept nlink did not count it our way: the published AgentFS up to
+/// 0.6.x stores a directory's the POSIX way (2 plus its subdirectories; a fresh root 2, or 3
+/// with one subdirectory). The stored count is derived data, so it is recomputed from
+/// fs_dentry for every inode (the root 1), as SPEC.md "Namespace semantics" counts it. A
+/// source without nlink gets it in its own step (v0.2), after this one.
+fn normalise_nlink(c: &Connection, steps: &mut Vec<String>) -> rusqlite::Result<()> {
+    if !has_col(c, "fs_inode", "nlink")? {
+        return Ok(());
+    }
+    let fixed = c.execute(
+        "UPDATE fs_inode SET nlink = derived.n FROM
+           (SELECT i.ino AS ino, CASE WHEN i.ino = 1 THEN 1 ELSE
+              (SELECT count(*) FROM fs_dentry d WHERE d.ino = i.ino) END AS n
+            FROM fs_inode i) AS derived
+         WHERE fs_inode.ino = derived.ino AND fs_inode.nlink != derived.n",
+        [],
+    )?;
+    if fixed > 0 {
+        steps.push(format!(
+            "fs_inode.nlink recounted from fs_dentry for {fixed} inodes"
+        ));
+    }
+    Ok(())
+}
+
 /// v0.2 → v0.3: copy-up origins.
 fn step_v03(c: &Connection, steps: &mut Vec<String>) -> rusqlite::Result<()> {
     ensure_table(c, "fs_origin", steps)
@@ -395,6 +420,9 @@ fn run_steps(c: &mut Connection, from: Format) -> Result<Vec<String>, String> {
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .ctx("begin")?;
     let mut steps = Vec::new();
+    if from < Format::V05 {
+        normalise_nlink(&tx, &mut steps).ctx("normalise nlink")?;
+    }
     let all: [(Format, Step, &str); 5] = [
         (Format::V00, step_v01, "0.1"),
         (Format::V02, step_v02, "0.2"),

@@ -46,7 +46,7 @@ mod tests;
 pub mod tools;
 mod xattr;
 
-pub use check::Finding;
+pub use check::{Finding, QuickCheck};
 pub use conn::NamespaceBatch;
 pub use failure::Failure;
 pub use namespace::NewKind;
@@ -192,6 +192,17 @@ impl Liveness for NoReferences {
     }
 }
 
+/// A running server holds the database (offline use while mounted): the kernel may reference
+/// any inode, so every inode that loses its last name stays as an orphan, and the server
+/// reaps it when it notices the change (see [`Store::orphans`]) or at its last FORGET.
+pub struct ServerReaps;
+
+impl Liveness for ServerReaps {
+    fn retain_orphan(&self, _: Ino) -> bool {
+        true
+    }
+}
+
 /// Failures of opening or creating a database (the CLI prints them as one line).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -203,6 +214,8 @@ pub enum StoreError {
     UnknownSchema { path: String, found: String },
     #[error("{path}: {why}")]
     Invalid { path: String, why: String },
+    #[error("{path}: the database is damaged (db_corrupt: {detail}); run `agentfs fsck {path}`, or mount it with -o ro to copy files out")]
+    Corrupt { path: String, detail: String },
     #[error("{path} already exists")]
     Exists { path: String },
     #[error("{path}: {source}")]
@@ -379,6 +392,22 @@ impl Store {
     /// of two in 512..=1 MiB or an inline_threshold above chunk_size.
     pub fn create(path: &Path, opts: &InitOptions) -> Result<(), StoreError> {
         schema::create(path, opts)
+    }
+
+    /// SQLite's quick check of the file at `path` within `budget` (see [`QuickCheck`]);
+    /// [`StoreError::Corrupt`] when it finds damage.
+    pub fn quick_check(path: &Path, budget: std::time::Duration) -> Result<QuickCheck, StoreError> {
+        let out = check::quick_check(path, budget).map_err(|source| StoreError::Sqlite {
+            path: path.display().to_string(),
+            source,
+        })?;
+        match out {
+            QuickCheck::Damaged(detail) => Err(StoreError::Corrupt {
+                path: path.display().to_string(),
+                detail,
+            }),
+            other => Ok(other),
+        }
     }
 
     /// Open an existing v0.5 database. Refuses non-SQLite files (`NotSqlite`), older schemas
@@ -1087,6 +1116,12 @@ impl Store {
         Ok(())
     }
 
+    /// Every orphan (nlink 0, never the root) as committed: a running server reaps those the
+    /// kernel does not reference after another process removed names (`agentfs fs rm`).
+    pub fn orphans(&self) -> Result<Vec<Ino>, Errno> {
+        self.read_tx(namespace::orphans)
+    }
+
     /// Delete every inode with nlink 0 (never the root); for mount start. Returns the count.
     pub fn reap_orphans(&self) -> Result<u64, Errno> {
         let out = self.write_tx(namespace::reap_orphans);
@@ -1383,6 +1418,11 @@ impl Drop for Store {
                 tracing::error!("committing batched operations at close failed: {e}");
             }
         }
+        // The read-only connections close first: SQLite folds the WAL into the main file and
+        // deletes the -wal and -shm files only when the last connection to close can write,
+        // so the writer (dropped with the fields below) must be that one.
+        self.readers.close_idle();
+        self.watch.lock().1 = None;
     }
 }
 

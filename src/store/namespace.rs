@@ -348,16 +348,21 @@ pub fn reap(c: &Connection, ino: Ino) -> Result<(), Errno> {
     Ok(())
 }
 
-/// Delete every orphan (nlink 0, not the root). Returns how many were deleted.
-pub fn reap_orphans(c: &Connection) -> Result<u64, Errno> {
+/// Every inode with nlink 0 (never the root), by the partial index `idx_fs_inode_orphan`.
+pub fn orphans(c: &Connection) -> Result<Vec<Ino>, Errno> {
     let inos: Vec<i64> = c
         .prepare_cached("SELECT ino FROM fs_inode WHERE nlink = 0 AND ino != 1")?
         .query_map([], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
+    Ok(inos.into_iter().map(|i| Ino(i as u64)).collect())
+}
+
+/// Delete every orphan (nlink 0, not the root). Returns how many were deleted.
+pub fn reap_orphans(c: &Connection) -> Result<u64, Errno> {
     let mut n = 0;
-    for ino in inos {
+    for ino in orphans(c)? {
         let before = c.total_changes();
-        reap(c, Ino(ino as u64))?;
+        reap(c, ino)?;
         if c.total_changes() != before {
             n += 1;
         }

@@ -21,6 +21,10 @@ pub enum MountError {
     NotADirectory(PathBuf),
     #[error("{0} is already a mount point; unmount it first (agentfs umount {0})")]
     AlreadyMounted(PathBuf),
+    #[error(
+        "mount point {0} is not empty: the mount would hide its files (-o nonempty mounts anyway)"
+    )]
+    NotEmpty(PathBuf),
     #[error("fusermount3 not found: install fuse3 (apt-get install fuse3) or run as root")]
     NoFusermount,
     #[error("{what}: {source}")]
@@ -38,6 +42,8 @@ pub enum MountError {
 pub struct MountOptions {
     pub readonly: bool,
     pub allow_other: bool,
+    /// Accept a mount point that has entries (the mount hides them until unmounted).
+    pub nonempty: bool,
     /// Options passed through verbatim (e.g. `noatime`, `nosuid`).
     pub extra: Vec<String>,
 }
@@ -52,8 +58,9 @@ fn os_err(what: impl Into<String>) -> MountError {
     }
 }
 
-/// Check that `mnt` exists, is a directory and is not itself a mount point.
-pub fn check_mount_point(mnt: &Path) -> Result<PathBuf, MountError> {
+/// Check that `mnt` exists, is a directory, is not itself a mount point and, unless
+/// `nonempty`, has no entries.
+pub fn check_mount_point(mnt: &Path, nonempty: bool) -> Result<PathBuf, MountError> {
     let meta = match std::fs::metadata(mnt) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -75,6 +82,15 @@ pub fn check_mount_point(mnt: &Path) -> Result<PathBuf, MountError> {
     })?;
     if super::mounts::is_mount_point(&abs) {
         return Err(MountError::AlreadyMounted(abs));
+    }
+    if !nonempty {
+        let mut entries = std::fs::read_dir(&abs).map_err(|e| MountError::Os {
+            what: abs.display().to_string(),
+            source: e,
+        })?;
+        if entries.next().is_some() {
+            return Err(MountError::NotEmpty(abs));
+        }
     }
     Ok(abs)
 }

@@ -10,6 +10,8 @@ pub struct MountEntry {
     pub minor: u32,
     pub fstype: String,
     pub source: String,
+    /// The user a FUSE mount belongs to (its `user_id=` option); None for other filesystems.
+    pub owner: Option<u32>,
 }
 
 /// Undo the octal escapes (\040 for space, ...) of mountinfo fields.
@@ -42,12 +44,17 @@ fn parse_line(line: &str) -> Option<MountEntry> {
     let mut r = right.split(' ');
     let fstype = r.next()?.to_string();
     let source = unescape(r.next()?);
+    let owner = r
+        .next()
+        .and_then(|opts| opts.split(',').find_map(|o| o.strip_prefix("user_id=")))
+        .and_then(|v| v.parse().ok());
     Some(MountEntry {
         mount_point,
         major: maj.parse().ok()?,
         minor: min.parse().ok()?,
         fstype,
         source,
+        owner,
     })
 }
 
@@ -148,6 +155,11 @@ mod tests {
         assert_eq!((m.major, m.minor), (0, 52));
         assert_eq!(m.fstype, "fuse.agentfs");
         assert_eq!(m.source, "agentfs");
+        assert_eq!(m.owner, Some(0));
+        let l = "36 35 0:52 / /mnt/b rw - fuse.agentfs agentfs rw,user_id=1000,group_id=1000";
+        assert_eq!(parse_line(l).and_then(|m| m.owner), Some(1000));
+        let l = "22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw";
+        assert_eq!(parse_line(l).and_then(|m| m.owner), None);
         assert!(parse_line("garbage").is_none());
     }
 }

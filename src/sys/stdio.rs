@@ -39,3 +39,12 @@ pub fn stderr_to(path: &std::path::Path) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Restore the default action of SIGPIPE (Rust starts programs with it ignored), so a command
+/// whose reader went away (`agentfs fs DB cat F | head -c1`) ends quietly, killed by the
+/// signal like any Unix filter, instead of failing on the next write. Never for a server:
+/// it must outlive a launcher that closed its end of the readiness pipe.
+pub fn default_sigpipe() {
+    // SAFETY: installing SIG_DFL for SIGPIPE has no preconditions; no handler runs.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}

@@ -60,7 +60,7 @@ pub fn run(
     ready: &mut dyn Ready,
     log: Option<PathBuf>,
 ) -> Result<(), SessionError> {
-    let mnt = mount::check_mount_point(&cfg.mount_point)?;
+    let mnt = mount::check_mount_point(&cfg.mount_point, cfg.options.nonempty)?;
     let db = std::fs::canonicalize(&cfg.db).unwrap_or_else(|_| cfg.db.clone());
     let _lock = lock::lock_db(&db)?;
     let store = Arc::new(Store::open(&db, cfg.options.readonly)?);

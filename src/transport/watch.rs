@@ -85,6 +85,9 @@ impl Watcher {
                     if poll && told {
                         match store.external_change() {
                             Ok(Some(names)) => {
+                                if let Err(e) = dispatcher.adopt_orphans() {
+                                    tracing::warn!("reaping orphans left by another process: {e}");
+                                }
                                 let why = "database changed by another process";
                                 let inodes = dispatcher.kernel_inodes();
                                 told = notify(&chan, why, &names, &inodes, how);

@@ -212,6 +212,26 @@ impl Drop for Mounted {
     }
 }
 
+/// Aborts and detaches whatever is mounted at its path however the test ends (for mounts a
+/// test made through the CLI rather than through [`Mounted`]).
+pub struct UnmountOnDrop(pub PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        force_cleanup(&self.0);
+    }
+}
+
+/// The options /proc/mounts shows for the mount at `mnt`.
+pub fn mount_options(mnt: &Path) -> Option<String> {
+    let canon = std::fs::canonicalize(mnt).ok()?;
+    let table = std::fs::read_to_string("/proc/mounts").ok()?;
+    table.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 3 && Path::new(f[1]) == canon).then(|| f[3].to_string())
+    })
+}
+
 /// Abort and detach whatever is left at `mnt`.
 pub fn force_cleanup(mnt: &Path) {
     if is_mounted(mnt) {
