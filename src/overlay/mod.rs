@@ -719,6 +719,13 @@ impl Filesystem for Overlay {
         self.create(parent, name, NewKind::Dir { perm: mode }, caller)
     }
 
+    fn tmpfile(&self, parent: Ino, perm: u32, caller: Caller) -> Result<Entry, Errno> {
+        // The directory is copied up so the new inode's group follows it as in the base.
+        let p = self.ensure_delta(parent)?;
+        let a = self.store.tmpfile(p, perm, caller)?;
+        Ok(self.delta_entry(a))
+    }
+
     fn symlink(
         &self,
         parent: Ino,

@@ -809,6 +809,13 @@ impl Store {
         out
     }
 
+    /// Create an unnamed regular file (O_TMPFILE) with permission bits `perm`: nlink 0, so it
+    /// is an orphan from birth; the group follows `parent` as for a named file.
+    pub fn tmpfile(&self, parent: Ino, perm: u32, caller: Caller) -> Result<Attr, Errno> {
+        let kind = namespace::NewKind::Tmpfile { perm };
+        self.write_tx(|c| namespace::create(c, &self.config, parent, b"", kind, caller, inode::now()))
+    }
+
     /// Create a directory (inherits S_ISGID and the group from a setgid parent).
     pub fn mkdir(
         &self,
