@@ -1053,6 +1053,7 @@ impl Store {
     pub fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: u32) -> Result<(), Errno> {
         let cfg = &self.config;
         let punch = mode & libc::FALLOC_FL_PUNCH_HOLE as u32 != 0;
+        let free = crate::sys::space::host_space(self.path()).map(|(free, _)| free);
         self.with_claims(&[ino], true, false, |c, claims| {
             for b in claims {
                 let pieces = if punch {
@@ -1067,7 +1068,7 @@ impl Store {
                     data::extend_to(c, cfg, b.ino, end, inode::now())?;
                 }
             }
-            data::fallocate(c, cfg, ino, offset, length, mode, inode::now())
+            data::fallocate(c, cfg, ino, offset, length, mode, inode::now(), free)
         })
     }
 
