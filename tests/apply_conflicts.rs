@@ -12,7 +12,12 @@ use std::path::Path;
 use common::{agentfs, fuse_or_skip, Mounted};
 
 fn init(db: &Path, base: &Path, extra: &[&str]) {
-    let mut args = vec!["init", db.to_str().unwrap(), "--base", base.to_str().unwrap()];
+    let mut args = vec![
+        "init",
+        db.to_str().unwrap(),
+        "--base",
+        base.to_str().unwrap(),
+    ];
     args.extend_from_slice(extra);
     let out = agentfs(&args);
     assert!(out.status.success(), "{out:?}");
@@ -93,7 +98,10 @@ fn apply_refuses_base_changes_since_the_delta_saw_them() {
     // A real apply still refuses a mounted delta.
     let out = apply(&m.db, &[]);
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("unmount it before apply"), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("unmount it before apply"),
+        "{out:?}"
+    );
     m.unmount();
 
     let before = read(&base.join("edited.txt"));
@@ -110,7 +118,10 @@ fn apply_refuses_base_changes_since_the_delta_saw_them() {
     assert_eq!(read(&base.join("edited.txt")), "mine\n");
     assert!(!base.join("removed.txt").exists());
     assert_eq!(read(&base.join("added.txt")), "added by the delta\n");
-    assert_eq!(read(&base.join("dir/kept.txt")), "kept, changed in the delta\n");
+    assert_eq!(
+        read(&base.join("dir/kept.txt")),
+        "kept, changed in the delta\n"
+    );
     assert_eq!(
         read(&base.join("untouched.txt")),
         "edited, no delta change\n",
@@ -164,10 +175,7 @@ fn apply_conflicts_in_deleted_trees_modes_and_types() {
     // Same bytes and mode, new inode: an editor's atomic save that changed nothing.
     fs::write(base.join("same.tmp"), "s\n").unwrap();
     fs::rename(base.join("same.tmp"), base.join("same.txt")).unwrap();
-    assert_conflict(
-        &apply(&m.db, &[]),
-        &["/kind", "/mode.txt", "/tree/sub/new"],
-    );
+    assert_conflict(&apply(&m.db, &[]), &["/kind", "/mode.txt", "/tree/sub/new"]);
     assert!(base.join("tree/sub/a").exists(), "nothing removed");
     let out = apply(&m.db, &["--force"]);
     assert!(out.status.success(), "{out:?}");
@@ -207,6 +215,9 @@ fn apply_refuses_a_partial_origin_file_over_a_changed_base() {
     assert_conflict(&apply(&m.db, &[]), &["/big.bin"]);
     let forced = apply(&m.db, &["--force"]);
     assert_conflict(&forced, &["/big.bin"]);
-    assert!(text(&forced.stderr).contains("--force cannot"), "{forced:?}");
+    assert!(
+        text(&forced.stderr).contains("--force cannot"),
+        "{forced:?}"
+    );
     assert_eq!(fs::read(base.join("big.bin")).unwrap(), theirs);
 }

@@ -122,7 +122,10 @@ fn an_unlinked_tmpfile_leaves_no_row_after_close() {
     drop(f);
     let deadline = Instant::now() + Duration::from_secs(20);
     while orphans(&m.db) != 0 {
-        assert!(Instant::now() < deadline, "the closed tmpfile was not reaped");
+        assert!(
+            Instant::now() < deadline,
+            "the closed tmpfile was not reaped"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     m.unmount();
@@ -155,7 +158,10 @@ fn o_tmpfile_in_an_overlay_base_directory() {
     tmpfile_round_trip(&mut m, "d");
     assert_eq!(fs::read_to_string(m.path("d/old.txt")).unwrap(), "base\n");
     m.unmount();
-    assert!(!base.join("d/named.txt").exists(), "the base is not written");
+    assert!(
+        !base.join("d/named.txt").exists(),
+        "the base is not written"
+    );
     let diff = common::agentfs(&["diff", m.db.to_str().unwrap()]);
     assert_eq!(String::from_utf8_lossy(&diff.stdout), "A /d/named.txt\n");
 }

@@ -418,7 +418,8 @@ fn reserve(
     free: Option<u64>,
 ) -> Result<(), Errno> {
     let f = load(c, ino)?;
-    if off >= end || f.inline.is_some()
+    if off >= end
+        || f.inline.is_some()
         || !super::backup::partial_origins_of(c, Some(ino))?.is_empty()
     {
         return Ok(());

@@ -813,7 +813,9 @@ impl Store {
     /// is an orphan from birth; the group follows `parent` as for a named file.
     pub fn tmpfile(&self, parent: Ino, perm: u32, caller: Caller) -> Result<Attr, Errno> {
         let kind = namespace::NewKind::Tmpfile { perm };
-        self.write_tx(|c| namespace::create(c, &self.config, parent, b"", kind, caller, inode::now()))
+        self.write_tx(|c| {
+            namespace::create(c, &self.config, parent, b"", kind, caller, inode::now())
+        })
     }
 
     /// Create a directory (inherits S_ISGID and the group from a setgid parent).
