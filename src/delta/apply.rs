@@ -421,10 +421,7 @@ impl Overlay {
 
     /// What `fs_base_seen` should say after `ops` ran: each path's base object now (content
     /// hashed for files and symlinks), or None where the base has nothing.
-    pub fn seen_after(
-        &self,
-        ops: &[Op],
-    ) -> Result<Vec<(Vec<u8>, Option<crate::store::overlay::BaseSeen>)>, String> {
+    pub fn seen_after(&self, ops: &[Op]) -> Result<crate::store::overlay::SeenRows, String> {
         let paths: BTreeSet<&[u8]> = ops.iter().map(Op::path).collect();
         let mut out = Vec::new();
         for path in paths {

@@ -368,8 +368,8 @@ fn punch_chunks(c: &Connection, cs: u64, ino: Ino, off: u64, end: u64) -> Result
     del_chunks(c, ino, first + 1, last.saturating_sub(1))
 }
 
-/// fallocate: mode 0 extends the size (no space is reserved: SQLite allocates on write),
-/// KEEP_SIZE alone is a no-op, PUNCH_HOLE|KEEP_SIZE zeroes a range; others EOPNOTSUPP.
+/// fallocate: mode 0 extends the size and reserves the range, KEEP_SIZE reserves the part
+/// within EOF (see [`reserve`]), PUNCH_HOLE|KEEP_SIZE zeroes a range; others EOPNOTSUPP.
 pub fn fallocate(
     c: &Connection,
     cfg: &FsConfig,
@@ -377,10 +377,10 @@ pub fn fallocate(
     off: u64,
     len: u64,
     mode: u32,
-    now: Timespec,
     free: Option<u64>,
 ) -> Result<(), Errno> {
     const KEEP: u32 = libc::FALLOC_FL_KEEP_SIZE as u32;
+    let now = super::inode::now();
     const PUNCH: u32 = libc::FALLOC_FL_PUNCH_HOLE as u32;
     if len == 0 {
         return Err(Errno::EINVAL);

@@ -1070,7 +1070,7 @@ impl Store {
                     data::extend_to(c, cfg, b.ino, end, inode::now())?;
                 }
             }
-            data::fallocate(c, cfg, ino, offset, length, mode, inode::now(), free)
+            data::fallocate(c, cfg, ino, offset, length, mode, free)
         })
     }
 

@@ -142,6 +142,9 @@ pub const BASE_SEEN_DDL: &str = "CREATE TABLE fs_base_seen (
   sha256 TEXT
 );";
 
+/// `fs_base_seen` rows to write by path (None: no row).
+pub type SeenRows = Vec<(Vec<u8>, Option<BaseSeen>)>;
+
 /// One `fs_base_seen` row: the base object at a path as the delta first saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BaseSeen {
@@ -232,7 +235,7 @@ pub fn read_seen(c: &Connection) -> rusqlite::Result<Option<HashMap<Vec<u8>, Bas
 /// Replace the `fs_base_seen` rows of the given paths (None: drop the row), in one
 /// transaction on `db` — after `agentfs apply` wrote those paths, so the records describe the
 /// base the delta now matches. Nothing to do for a delta without the table.
-pub fn refresh_seen(db: &Path, rows: &[(Vec<u8>, Option<BaseSeen>)]) -> Result<(), String> {
+pub fn refresh_seen(db: &Path, rows: &SeenRows) -> Result<(), String> {
     let c = super::copy::open_conn(db, false)?;
     let err = |e: Errno| format!("{}: fs_base_seen: {e}", db.display());
     let run = || -> Result<(), Errno> {
