@@ -332,6 +332,14 @@ fn integrity_names_each_injected_violation() {
         ("nlink", "UPDATE fs_inode SET nlink = 5 WHERE ino = 2"),
         ("data_inode", "INSERT INTO fs_data VALUES (777, 0, x'00')"),
         ("whiteout_parent", "INSERT INTO fs_whiteout VALUES ('/a/b', '/', 0)"),
+        (
+            "base_seen",
+            &format!(
+                "{}; INSERT INTO fs_base_seen VALUES ('/a', 1, 33188, 0, 0, 0, 0, 0, 'XYZ'),
+                   ('rel', 1, 33188, 0, 0, 0, 0, 0, NULL)",
+                agentfs::store::overlay::BASE_SEEN_DDL
+            ),
+        ),
     ];
     let d = scratch();
     let clean = populated(d.path());

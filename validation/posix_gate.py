@@ -100,6 +100,13 @@ def utimensat(path, atime, mtime, flags=0):
         _raise_errno("utimensat", path)
 
 
+def link_fd(fd, new):
+    """linkat(/proc/self/fd/FD, new, AT_SYMLINK_FOLLOW): name an open file."""
+    src = ("/proc/self/fd/%d" % fd).encode()
+    if _libc.linkat(AT_FDCWD, src, AT_FDCWD, os.fsencode(new), 0x400) != 0:
+        _raise_errno("linkat", new)
+
+
 def fallocate(fd, mode, offset, length):
     _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     if _libc.fallocate(fd, mode, offset, length) != 0:
@@ -1272,6 +1279,43 @@ def _(t):
         fallocate(fd, 0, 0, 8192)
         expect_eq(os.fstat(fd).st_size, 8192, "size after mode-0 fallocate")
         expect_eq(pread_exact(fd, 9000, 0), b"12345" + bytes(8187), "content after mode-0 fallocate")
+    finally:
+        os.close(fd)
+
+
+@check("fallocate.reserves_blocks")
+def _(t):
+    write_file(t.p("f"), b"")
+    fd = os.open(t.p("f"), os.O_RDWR)
+    try:
+        fallocate(fd, 0, 0, MiB)
+        st = os.fstat(fd)
+        expect_eq(st.st_size, MiB, "size after a 1 MiB fallocate")
+        expect(st.st_blocks >= MiB // 512, "st_blocks %d after a 1 MiB fallocate" % st.st_blocks)
+    finally:
+        os.close(fd)
+
+
+@check("tmpfile.link_and_reap")
+def _(t):
+    try:
+        fd = os.open(t.dir, os.O_TMPFILE | os.O_RDWR, 0o600)
+    except OSError as e:
+        fail("open(dir, O_TMPFILE): %s" % e)
+    try:
+        os.write(fd, b"tmp")
+        expect_eq(os.fstat(fd).st_nlink, 0, "nlink of an O_TMPFILE file")
+        expect_eq(sorted(os.listdir(t.dir)), [], "an O_TMPFILE file has no name")
+        link_fd(fd, t.p("named"))
+        expect_eq(os.fstat(fd).st_nlink, 1, "nlink after linkat")
+    finally:
+        os.close(fd)
+    expect_eq(read_file(t.p("named")), b"tmp", "content of the linked O_TMPFILE file")
+    # O_EXCL: never linkable.
+    fd = os.open(t.dir, os.O_TMPFILE | os.O_RDWR | os.O_EXCL, 0o600)
+    try:
+        expect_errno(errno.ENOENT, link_fd, fd, t.p("never"),
+                     what="linkat of an O_EXCL O_TMPFILE file")
     finally:
         os.close(fd)
 

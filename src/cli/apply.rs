@@ -1,4 +1,4 @@
-//! `agentfs apply DB [--dry-run]`
+//! `agentfs apply DB [--dry-run] [--force]`
 
 use std::path::PathBuf;
 
@@ -7,30 +7,67 @@ use crate::sys::lock::{lock_db, LockError};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The overlay delta database (not while it is mounted; it is not changed).
+    /// The overlay delta database (not while it is mounted, except with --dry-run).
     pub db: PathBuf,
-    /// Print the steps and write nothing.
+    /// Print the steps and any conflicts, and write nothing (also while DB is mounted: it
+    /// only reads, and sees what the server has committed).
     #[arg(long)]
     pub dry_run: bool,
+    /// Overwrite base objects that changed since the delta saw them (apply otherwise refuses
+    /// with an apply_conflict error listing them).
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run(a: Args) -> super::CliResult {
-    // Held for the whole apply, so no mount of this database can start meanwhile.
-    let _lock = lock_db(&a.db).map_err(|e| match e {
-        LockError::HeldBy { path, pid } => {
-            format!("{path} is mounted (server pid {pid}); unmount it before apply")
-        }
-        LockError::Held { path } => format!("{path} is mounted; unmount it before apply"),
-        e => e.to_string(),
-    })?;
+    // Held for the whole apply, so no mount of this database can start meanwhile. A dry run
+    // writes nothing and may look at a mounted delta.
+    let _lock = if a.dry_run {
+        None
+    } else {
+        Some(lock_db(&a.db).map_err(|e| match e {
+            LockError::HeldBy { path, pid } => format!(
+                "{path} is mounted (server pid {pid}); unmount it before apply (--dry-run works \
+                 while mounted)"
+            ),
+            LockError::Held { path } => format!("{path} is mounted; unmount it before apply"),
+            e => e.to_string(),
+        })?)
+    };
     let overlay = Overlay::open(&a.db)?;
+    let stale = overlay.stale_partials();
+    if !stale.is_empty() {
+        for c in &stale {
+            println!("{}", c.describe());
+        }
+        return Err(apply::conflict_error(&stale, a.force));
+    }
     let changes = overlay.changes()?;
-    let ops = apply::plan(&changes)?;
     let base = overlay.snap.config.base_path.display().to_string();
-    if ops.is_empty() {
+    if changes.is_empty() {
         println!("nothing to do: {base} already matches the delta");
         return Ok(0);
     }
+    if overlay.snap.seen.is_none() {
+        println!(
+            "note: {} was made before deltas recorded the base objects they copy; \
+             changes made to the base since cannot be detected",
+            a.db.display()
+        );
+    }
+    let conflicts = overlay.conflicts(&changes)?;
+    for c in &conflicts {
+        println!("{}", c.describe());
+    }
+    if !conflicts.is_empty() && !a.force {
+        if a.dry_run {
+            for op in &apply::plan(&changes, false)? {
+                println!("{}", op.describe());
+            }
+        }
+        return Err(apply::conflict_error(&conflicts, false));
+    }
+    let ops = apply::plan(&changes, !a.force)?;
     if a.dry_run {
         overlay.check_plan(&ops)?;
         for op in &ops {
@@ -41,5 +78,16 @@ pub fn run(a: Args) -> super::CliResult {
     }
     overlay.execute(&ops, |op| println!("{}", op.describe()))?;
     println!("applied {} step(s) to {base}", ops.len());
+    // The records now describe the base the delta matches, so a later apply of more work in
+    // this delta does not see its own earlier apply as a change of the base.
+    if overlay.snap.seen.is_some() {
+        let seen = overlay.seen_after(&ops)?;
+        crate::store::overlay::refresh_seen(&a.db, &seen).map_err(|e| {
+            format!(
+                "applied, but recording the new base state failed ({e}); a later apply of this \
+                 delta may report these paths as conflicts"
+            )
+        })?;
+    }
     Ok(0)
 }

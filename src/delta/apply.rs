@@ -72,8 +72,9 @@ fn show(p: &[u8]) -> String {
     String::from_utf8_lossy(p).into_owned()
 }
 
-/// The operations that turn the base into the overlay view, in execution order.
-pub fn plan(changes: &[Entry]) -> Result<Vec<Op>, String> {
+/// The operations that turn the base into the overlay view, in execution order. `strict`:
+/// refuse a copied-up object whose base object is now of another kind (without `--force`).
+pub fn plan(changes: &[Entry], strict: bool) -> Result<Vec<Op>, String> {
     let mut removes = Vec::new();
     let mut creates = Vec::new();
     let mut dir_modes = Vec::new();
@@ -96,7 +97,7 @@ pub fn plan(changes: &[Entry]) -> Result<Vec<Op>, String> {
                 dir: old.kind == Kind::Dir,
             }),
             (Change::Added, _, Some(new)) => {
-                if let Source::Delta { origin: true, .. } = new.source {
+                if let (true, Source::Delta { origin: true, .. }) = (strict, new.source) {
                     if replaced.contains(e.path.as_slice()) {
                         return Err(format!(
                             "the base changed under the delta: {} was copied up as a {} and is \
@@ -270,6 +271,174 @@ impl Overlay {
             }
         }
         Ok(())
+    }
+}
+
+/// A path where the base is no longer what the delta saw (see [`Overlay::conflicts`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    pub path: Vec<u8>,
+    /// What changed, in words.
+    pub why: String,
+    /// Whether `--force` may overwrite it (not for a partial-origin file: its unchanged
+    /// chunks were to come from the base version that is gone).
+    pub forceable: bool,
+}
+
+impl Conflict {
+    pub fn describe(&self) -> String {
+        format!("conflict {}: {}", show(&self.path), self.why)
+    }
+}
+
+/// The one-line error of an apply refused for `conflicts` (not empty).
+pub fn conflict_error(conflicts: &[Conflict], force: bool) -> String {
+    let paths: Vec<String> = conflicts.iter().map(|c| show(&c.path)).collect();
+    let hint = if conflicts.iter().all(|c| c.forceable) {
+        "; --force overwrites them"
+    } else if force {
+        "; --force cannot apply a partial-origin file whose base file changed"
+    } else {
+        ""
+    };
+    format!(
+        "apply_conflict: the base changed since the delta saw it at {} path(s): {}; nothing was \
+         written{hint}",
+        paths.len(),
+        paths.join(", ")
+    )
+}
+
+/// st_mode permission bits.
+fn perms(mode: u32) -> u32 {
+    mode & 0o7777
+}
+
+impl Overlay {
+    /// Partial-origin files whose base file no longer matches its recorded fingerprint: their
+    /// content cannot be read (so neither diffed nor applied), even with `--force`.
+    pub fn stale_partials(&self) -> Vec<Conflict> {
+        let mut out: Vec<Conflict> = self
+            .snap
+            .partial
+            .values()
+            .filter_map(|po| {
+                let why = po.check_base().err()?;
+                let path = self
+                    .snap
+                    .delta
+                    .entries
+                    .iter()
+                    .find(|(_, e)| e.meta.ino.0 as i64 == po.delta_ino)
+                    .map_or_else(|| po.base_path.as_bytes().to_vec(), |(p, _)| p.clone());
+                Some(Conflict {
+                    path,
+                    why: format!("partial-origin file over a changed base file ({why})"),
+                    forceable: false,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        out
+    }
+
+    /// The paths of `changes` where the base now differs from what the delta saw when it
+    /// copied, whited out or replaced the object there (`fs_base_seen`): another type or
+    /// permission bits, other content (by hash when the copy read it whole, otherwise by
+    /// inode, size, mtime and ctime), an object created in the base at a path the delta never
+    /// saw one, or one removed from the base that the delta had seen. A delta without
+    /// records (older than them) has none to compare: empty.
+    pub fn conflicts(&self, changes: &[Entry]) -> Result<Vec<Conflict>, String> {
+        let Some(seen) = &self.snap.seen else {
+            return Ok(Vec::new());
+        };
+        // Each path once, with the base side when the base has an object there.
+        let mut at: std::collections::BTreeMap<&[u8], Option<&Side>> = Default::default();
+        for e in changes {
+            let slot = at.entry(e.path.as_slice()).or_default();
+            if slot.is_none() {
+                *slot = e.old.as_ref();
+            }
+        }
+        let mut out = Vec::new();
+        for (path, now) in at {
+            let why = match (now, seen.get(path)) {
+                (None, None) => None,
+                (None, Some(_)) => Some("removed from the base".to_string()),
+                (Some(now), None) => Some(format!("a {} was created in the base", now.kind.name())),
+                (Some(now), Some(was)) => self.differs(path, now, was)?,
+            };
+            if let Some(why) = why {
+                out.push(Conflict {
+                    path: path.to_vec(),
+                    why,
+                    forceable: true,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// How base object `now` at `path` differs from the record `was`, if it does.
+    fn differs(
+        &self,
+        path: &[u8],
+        now: &Side,
+        was: &crate::store::overlay::BaseSeen,
+    ) -> Result<Option<String>, String> {
+        let kind = Kind::of_mode(was.mode);
+        if kind != now.kind {
+            return Ok(Some(format!(
+                "the {} the delta saw is now a {}",
+                kind.name(),
+                now.kind.name()
+            )));
+        }
+        if perms(was.mode) != perms(now.mode) {
+            return Ok(Some(format!(
+                "permissions changed from {:04o} to {:04o}",
+                perms(was.mode),
+                perms(now.mode)
+            )));
+        }
+        if let Some(hash) = &was.sha256 {
+            return Ok((*hash != now.hash).then(|| "content changed".to_string()));
+        }
+        if kind == Kind::Dir {
+            return Ok(None); // its entries are compared one by one
+        }
+        let Some(st) = self.base_stat(path)? else {
+            return Ok(Some("removed from the base".to_string()));
+        };
+        let r = &st.raw;
+        let stamp = |s: i64, n: i64| (s, u32::try_from(n).unwrap_or(0));
+        let same = r.st_ino == was.ino
+            && u64::try_from(r.st_size).ok() == Some(was.size)
+            && stamp(r.st_mtime, r.st_mtime_nsec) == (was.mtime.sec, was.mtime.nsec)
+            && stamp(r.st_ctime, r.st_ctime_nsec) == (was.ctime.sec, was.ctime.nsec);
+        Ok((!same).then(|| "changed (inode, size, mtime or ctime differ)".to_string()))
+    }
+
+    /// What `fs_base_seen` should say after `ops` ran: each path's base object now (content
+    /// hashed for files and symlinks), or None where the base has nothing.
+    pub fn seen_after(&self, ops: &[Op]) -> Result<crate::store::overlay::SeenRows, String> {
+        let paths: BTreeSet<&[u8]> = ops.iter().map(Op::path).collect();
+        let mut out = Vec::new();
+        for path in paths {
+            let seen = match self.base_stat(path)? {
+                None => None,
+                Some(st) => {
+                    let (side, _) = self.base_side(path, &st)?;
+                    let mut seen = crate::store::overlay::BaseSeen::of_stat(&st.raw);
+                    if matches!(side.kind, Kind::File | Kind::Symlink) {
+                        seen.sha256 = Some(side.hash);
+                    }
+                    Some(seen)
+                }
+            };
+            out.push((path.to_vec(), seen));
+        }
+        Ok(out)
     }
 }
 

@@ -125,8 +125,12 @@ impl Entry {
 
 /// sha256 as lowercase hex.
 pub fn sha256_hex(data: &[u8]) -> String {
-    let d = Sha256::digest(data);
-    d.iter().map(|b| format!("{b:02x}")).collect()
+    hex(&Sha256::digest(data))
+}
+
+/// Bytes as lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The path relative to the base root ("/a/b" -> "a/b").
@@ -197,7 +201,7 @@ impl Overlay {
         }
     }
 
-    fn base_side(&self, path: &[u8], st: &Stat) -> Result<(Side, Vec<u8>), String> {
+    pub(crate) fn base_side(&self, path: &[u8], st: &Stat) -> Result<(Side, Vec<u8>), String> {
         let mut side = Side {
             kind: Kind::of_mode(st.mode),
             mode: st.mode,

@@ -49,6 +49,8 @@ pub trait Filesystem: Send + Sync {
         caller: Caller,
     ) -> Result<Entry, Errno>;
     fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Entry, Errno>;
+    /// An unnamed regular file (O_TMPFILE) with permission bits `perm`, nlink 0.
+    fn tmpfile(&self, parent: Ino, perm: u32, caller: Caller) -> Result<Entry, Errno>;
     fn symlink(
         &self,
         parent: Ino,
@@ -137,6 +139,9 @@ impl Filesystem for Store {
     }
     fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Entry, Errno> {
         Store::mkdir(self, parent, name, mode, caller).map(Entry::plain)
+    }
+    fn tmpfile(&self, parent: Ino, perm: u32, caller: Caller) -> Result<Entry, Errno> {
+        Store::tmpfile(self, parent, perm, caller).map(Entry::plain)
     }
     fn symlink(
         &self,

@@ -378,6 +378,7 @@ impl Dispatcher {
             Operation::Opendir { .. } => Ok(Reply::Data(reply::open(&abi::OpenOut::default()))),
             Operation::Flush { .. } if self.knobs.fuse_noflush => Err(Errno::ENOSYS),
             Operation::Create { name, mode, .. } => self.create(ino, name, *mode, caller),
+            Operation::Tmpfile { mode, .. } => self.tmpfile(ino, *mode, caller),
             Operation::Read { offset, size, .. } => {
                 self.fs.read(ino, *offset, *size).map(Reply::Data)
             }
@@ -539,6 +540,16 @@ impl Dispatcher {
         let e = self.fs.mknod(parent, name, mode, 0, caller)?;
         self.listed_changed(&[parent]);
         self.refs.add(e.node, 1);
+        let entry = attr::entry_out(&e, self.ttl.entry, self.ttl.attr);
+        Ok(Reply::Data(reply::create(&entry, &self.open_out())))
+    }
+
+    /// O_TMPFILE: the unnamed file is an orphan from birth, reaped at its last FORGET unless
+    /// a LINK names it first. Its directory's listing does not change.
+    fn tmpfile(&self, parent: Ino, mode: u32, caller: Caller) -> Result<Reply, Errno> {
+        let e = self.fs.tmpfile(parent, mode & 0o7777, caller)?;
+        self.refs.add(e.node, 1);
+        crate::store::Liveness::retain_orphan(&self.refs, e.node);
         let entry = attr::entry_out(&e, self.ttl.entry, self.ttl.attr);
         Ok(Reply::Data(reply::create(&entry, &self.open_out())))
     }

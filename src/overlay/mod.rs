@@ -29,7 +29,9 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::dispatch::{Entry, Filesystem, LookupRefs};
 use crate::errno::Errno;
-use crate::store::overlay::{join, last_name, parent_path, BaseMeta, Content, OverlayConfig};
+use crate::store::overlay::{
+    join, last_name, parent_path, BaseMeta, BaseSeen, Content, OverlayConfig,
+};
 use crate::store::{
     Attr, Caller, DirEntry, Effects, Ino, Liveness, NewKind, RenameFlags, SetAttr, StatFs, Store,
     Timespec,
@@ -386,17 +388,20 @@ impl Overlay {
             sec: s,
             nsec: u32::try_from(n).unwrap_or(0),
         };
+        let seen = BaseSeen::of_stat(st);
         let meta = BaseMeta {
             mode: st.st_mode,
             uid: st.st_uid,
             gid: st.st_gid,
             rdev: base::kernel_rdev(st.st_rdev),
-            size: u64::try_from(st.st_size).unwrap_or(0),
+            size: seen.size,
             atime: ts(st.st_atime, st.st_atime_nsec),
-            mtime: ts(st.st_mtime, st.st_mtime_nsec),
-            ctime: ts(st.st_ctime, st.st_ctime_nsec),
+            mtime: seen.mtime,
+            ctime: seen.ctime,
             ino: st.st_ino,
             xattrs: self.base.xattrs_to_copy(path, st)?,
+            seen,
+            path: path.to_vec(),
         };
         let no_check = || Ok(());
         let store = &self.store;
@@ -721,6 +726,13 @@ impl Filesystem for Overlay {
         self.create(parent, name, NewKind::Dir { perm: mode }, caller)
     }
 
+    fn tmpfile(&self, parent: Ino, perm: u32, caller: Caller) -> Result<Entry, Errno> {
+        // The directory is copied up so the new inode's group follows it as in the base.
+        let p = self.ensure_delta(parent)?;
+        let a = self.store.tmpfile(p, perm, caller)?;
+        Ok(self.delta_entry(a))
+    }
+
     fn symlink(
         &self,
         parent: Ino,
@@ -772,7 +784,8 @@ impl Filesystem for Overlay {
                 if is_dir(st.st_mode) {
                     return Err(Errno::EISDIR);
                 }
-                self.store.whiteout(p, &path, false)?;
+                self.store
+                    .whiteout(p, &path, false, &BaseSeen::of_stat(&st))?;
                 self.nodes.unlinked(&path);
                 Ok(())
             }
@@ -816,7 +829,8 @@ impl Filesystem for Overlay {
                     return Err(Errno::ENOTDIR);
                 }
                 self.base_children_hidden(None, &path)?;
-                self.store.whiteout(p, &path, true)?;
+                self.store
+                    .whiteout(p, &path, true, &BaseSeen::of_stat(&st))?;
                 self.nodes.unlinked(&path);
                 Ok(())
             }
@@ -856,6 +870,7 @@ impl Filesystem for Overlay {
         let (dst, dst_path) = self.presence(np, newname)?;
         let mut fx = Effects::NONE;
         let mut replaced_base = false;
+        let dst_seen;
         match dst {
             Presence::Delta(a) if a.ino == src_ino => return Ok(()),
             Presence::Delta(a) => {
@@ -892,6 +907,8 @@ impl Filesystem for Overlay {
                         (false, false) => {}
                     }
                     replaced_base = true;
+                    dst_seen = BaseSeen::of_stat(&st);
+                    fx.seen = dst_path.as_deref().map(|p| (p, &dst_seen));
                 }
             }
             Presence::Absent { whiteout } => {

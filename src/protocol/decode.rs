@@ -283,6 +283,13 @@ pub enum Operation<'a> {
         mode: u32,
         umask: u32,
     },
+    /// O_TMPFILE: a new unnamed regular file in directory `nodeid` (the kernel sends the
+    /// create arguments and a placeholder name, which is ignored).
+    Tmpfile {
+        flags: u32,
+        mode: u32,
+        umask: u32,
+    },
     /// No reply (normally); `unique` is the request to interrupt.
     Interrupt {
         unique: u64,
@@ -321,7 +328,7 @@ pub enum Operation<'a> {
         sx_flags: u32,
         sx_mask: u32,
     },
-    /// Anything else (GETLK, IOCTL, POLL, BMAP, TMPFILE, SYNCFS, SETUPMAPPING, ... and numbers
+    /// Anything else (GETLK, IOCTL, POLL, BMAP, SYNCFS, SETUPMAPPING, ... and numbers
     /// the kernel does not define): answer ENOSYS.
     Unknown {
         opcode: u32,
@@ -738,6 +745,15 @@ fn parse_op<'a>(
                 umask: a.umask,
             }
         }
+        Opcode::Tmpfile => {
+            let a: abi::CreateIn = arg(op_in)?;
+            rest.name()?;
+            Op::Tmpfile {
+                flags: a.flags,
+                mode: a.mode,
+                umask: a.umask,
+            }
+        }
         Opcode::Interrupt => {
             let a: abi::InterruptIn = arg(op_in)?;
             Op::Interrupt { unique: a.unique }
@@ -790,7 +806,6 @@ fn parse_op<'a>(
         | Opcode::Setupmapping
         | Opcode::Removemapping
         | Opcode::Syncfs
-        | Opcode::Tmpfile
         | Opcode::CuseInit => return Ok(Op::Unknown { opcode }),
     };
     rest.end()?;
@@ -1372,9 +1387,20 @@ mod tests {
             ),
             (
                 o(Opcode::Tmpfile),
-                vec![0; 16],
-                b"x\0".to_vec(),
-                Op::Unknown { opcode: 51 },
+                CreateIn {
+                    flags: 0o100002,
+                    mode: 0o100600,
+                    umask: 0o22,
+                    open_flags: 0,
+                }
+                .as_bytes()
+                .to_vec(),
+                b"/\0".to_vec(),
+                Op::Tmpfile {
+                    flags: 0o100002,
+                    mode: 0o100600,
+                    umask: 0o22,
+                },
             ),
             (
                 1000,

@@ -5,7 +5,8 @@
 //! `storage_kind`, `nonfile_data`, `chunk_past_eof`, `chunk_too_long`, `data_inode`,
 //! `symlink_target`, `symlink_row`, `config`, `whiteout_parent`, `xattr_inode`,
 //! `sqlite_integrity` (PRAGMA integrity_check), `tool_call_outcome`, `tool_call_duration`,
-//! `tool_call_json`, `kv_json`, `origin_inode`, `partial_origin_inode`, `chunk_override`.
+//! `tool_call_json`, `kv_json`, `origin_inode`, `partial_origin_inode`, `chunk_override`,
+//! `base_seen`.
 //! `orphan` (an inode with nlink 0 and no names) is legal while the kernel still references
 //! it; callers that know no mount is live treat it as garbage for `reap_orphans`.
 
@@ -213,6 +214,18 @@ const TABLE_RULES: &[(&str, &str, &str)] = &[
          FROM fs_chunk_override o
          WHERE o.chunk_index < 0
             OR NOT EXISTS (SELECT 1 FROM fs_partial_origin p WHERE p.delta_ino = o.delta_ino)",
+    ),
+    (
+        "base_seen",
+        "fs_base_seen",
+        "SELECT 'fs_base_seen row ' || quote(path) || ': ' ||
+                CASE WHEN substr(CAST(path AS TEXT), 1, 1) != '/' OR path = '/'
+                       THEN 'not an absolute path below the root'
+                     ELSE 'sha256 is not 64 lowercase hex digits' END
+         FROM fs_base_seen
+         WHERE substr(CAST(path AS TEXT), 1, 1) != '/' OR path = '/'
+            OR (sha256 IS NOT NULL
+                AND (length(sha256) != 64 OR sha256 GLOB '*[^0-9a-f]*'))",
     ),
 ];
 

@@ -368,8 +368,8 @@ fn punch_chunks(c: &Connection, cs: u64, ino: Ino, off: u64, end: u64) -> Result
     del_chunks(c, ino, first + 1, last.saturating_sub(1))
 }
 
-/// fallocate: mode 0 extends the size (no space is reserved: SQLite allocates on write),
-/// KEEP_SIZE alone is a no-op, PUNCH_HOLE|KEEP_SIZE zeroes a range; others EOPNOTSUPP.
+/// fallocate: mode 0 extends the size and reserves the range, KEEP_SIZE reserves the part
+/// within EOF (see [`reserve`]), PUNCH_HOLE|KEEP_SIZE zeroes a range; others EOPNOTSUPP.
 pub fn fallocate(
     c: &Connection,
     cfg: &FsConfig,
@@ -377,9 +377,10 @@ pub fn fallocate(
     off: u64,
     len: u64,
     mode: u32,
-    now: Timespec,
+    free: Option<u64>,
 ) -> Result<(), Errno> {
     const KEEP: u32 = libc::FALLOC_FL_KEEP_SIZE as u32;
+    let now = super::inode::now();
     const PUNCH: u32 = libc::FALLOC_FL_PUNCH_HOLE as u32;
     if len == 0 {
         return Err(Errno::EINVAL);
@@ -394,12 +395,60 @@ pub fn fallocate(
             if end > f.meta.size {
                 truncate(c, cfg, ino, end, now)?;
             }
-            Ok(())
+            reserve(c, cfg.chunk_size, ino, off, end, free)
         }
-        KEEP => Ok(()),
+        KEEP => reserve(c, cfg.chunk_size, ino, off, end.min(f.meta.size), free),
         m if m == PUNCH | KEEP => punch(c, cfg, ino, off, len, now),
         _ => Err(Errno::EOPNOTSUPP),
     }
+}
+
+/// Store zeros wherever [off, end) (within EOF) has no stored bytes, so the range holds its
+/// pages now: ENOSPC comes from fallocate, not from a later write, and st_blocks counts the
+/// range. Existing bytes are never changed; an inline file is stored whole already, and a
+/// partial-origin file (whose unstored chunks read from its base file) is left alone.
+/// `free`: the host filesystem's free bytes, when known; more missing bytes than that is
+/// ENOSPC before anything is written.
+fn reserve(
+    c: &Connection,
+    cs: u64,
+    ino: Ino,
+    off: u64,
+    end: u64,
+    free: Option<u64>,
+) -> Result<(), Errno> {
+    let f = load(c, ino)?;
+    if off >= end
+        || f.inline.is_some()
+        || !super::backup::partial_origins_of(c, Some(ino))?.is_empty()
+    {
+        return Ok(());
+    }
+    let size = f.meta.size;
+    let (first, last) = (off / cs, (end - 1) / cs);
+    let stored: std::collections::HashMap<i64, u64> = c
+        .prepare_cached(
+            "SELECT chunk_index, length(data) FROM fs_data
+             WHERE ino = ?1 AND chunk_index BETWEEN ?2 AND ?3",
+        )?
+        .query_map((sql_ino(ino)?, first as i64, last as i64), |r| {
+            Ok((r.get(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let want = |idx: u64| cs.min(size - idx * cs);
+    let have = |idx: u64| stored.get(&(idx as i64)).copied().unwrap_or(0);
+    let missing: u64 = (first..=last)
+        .map(|i| want(i).saturating_sub(have(i)))
+        .sum();
+    if free.is_some_and(|free| missing > free) {
+        return Err(Errno::ENOSPC);
+    }
+    for idx in (first..=last).filter(|&i| have(i) < want(i)) {
+        let mut bytes = get_chunk(c, ino, idx)?.unwrap_or_default();
+        bytes.resize(usize_of(want(idx))?, 0);
+        put_chunk(c, ino, idx, &bytes)?;
+    }
+    Ok(())
 }
 
 /// SEEK_DATA / SEEK_HOLE from the chunk map: stored bytes are data, missing rows and the

@@ -652,6 +652,15 @@ fn rebuild(
     for sql in copies {
         tx.execute_batch(sql).ctx("copy")?;
     }
+    // Base records exist only in deltas made with them (see fs_base_seen); the copy keeps
+    // that: a table only when the source has one.
+    if has_table(&tx, "src", "fs_base_seen").ctx("schema")? {
+        tx.execute_batch(super::overlay::BASE_SEEN_DDL)
+            .and_then(|()| {
+                tx.execute_batch("INSERT INTO main.fs_base_seen SELECT * FROM src.fs_base_seen")
+            })
+            .ctx("fs_base_seen")?;
+    }
     // AUTOINCREMENT counters: numbers the source ever handed out are never reused.
     if has_table(&tx, "src", "sqlite_sequence").ctx("schema")? {
         tx.execute_batch(
@@ -816,6 +825,7 @@ const COMPARED: &[(&str, &str)] = &[
     ("fs_partial_origin", "*"),
     ("fs_chunk_override", "delta_ino, chunk_index"),
     ("fs_xattr", "ino, name, value"),
+    ("fs_base_seen", "*"),
     ("kv_store", "key, value, created_at, updated_at"),
     (
         "tool_calls",
@@ -841,6 +851,10 @@ pub fn verify_copy(src: &Path, dst: &Path, progress: &dyn Progress) -> Result<()
     c.execute("ATTACH DATABASE ?1 AS src", [src.display().to_string()])
         .ctx("attach")?;
     for (table, cols) in COMPARED {
+        // An optional table (fs_base_seen) is compared when either side has it.
+        if !has_table(&c, "src", table).ctx(table)? && !has_table(&c, "main", table).ctx(table)? {
+            continue;
+        }
         for (a, b) in [("src", "main"), ("main", "src")] {
             let n: i64 = c
                 .query_row(

@@ -916,6 +916,15 @@ impl Store {
         out
     }
 
+    /// Create an unnamed regular file (O_TMPFILE) with permission bits `perm`: nlink 0, so it
+    /// is an orphan from birth; the group follows `parent` as for a named file.
+    pub fn tmpfile(&self, parent: Ino, perm: u32, caller: Caller) -> Result<Attr, Errno> {
+        let kind = namespace::NewKind::Tmpfile { perm };
+        self.write_tx(|c| {
+            namespace::create(c, &self.config, parent, b"", kind, caller, inode::now())
+        })
+    }
+
     /// Create a directory (inherits S_ISGID and the group from a setgid parent).
     pub fn mkdir(
         &self,
@@ -1196,6 +1205,7 @@ impl Store {
     pub fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: u32) -> Result<(), Errno> {
         let cfg = &self.config;
         let punch = mode & libc::FALLOC_FL_PUNCH_HOLE as u32 != 0;
+        let free = crate::sys::space::host_space(self.path()).map(|(free, _)| free);
         self.with_claims(
             &[ino],
             |_| true,
@@ -1214,7 +1224,7 @@ impl Store {
                         data::extend_to(c, cfg, b.ino, end, inode::now())?;
                     }
                 }
-                data::fallocate(c, cfg, ino, offset, length, mode, inode::now())
+                data::fallocate(c, cfg, ino, offset, length, mode, free)
             },
         )
     }

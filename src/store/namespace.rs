@@ -25,6 +25,11 @@ pub enum NewKind<'a> {
     Symlink {
         target: &'a [u8],
     },
+    /// An unnamed regular file (O_TMPFILE): nlink 0 from the start, no entry, the parent
+    /// untouched; it lives while the kernel references it, or gets a name by link.
+    Tmpfile {
+        perm: u32,
+    },
 }
 
 /// A parent that can receive a new entry: exists, is a directory and has not been removed.
@@ -57,9 +62,12 @@ pub fn create(
     caller: Caller,
     now: Timespec,
 ) -> Result<Attr, Errno> {
-    check_new_name(name)?;
+    let named = !matches!(kind, NewKind::Tmpfile { .. });
+    if named {
+        check_new_name(name)?;
+    }
     let p = live_parent(c, parent)?;
-    if dentry(c, parent, name)?.is_some() {
+    if named && dentry(c, parent, name)?.is_some() {
         return Err(Errno::EEXIST);
     }
     let setgid = p.mode & S_ISGID != 0;
@@ -90,6 +98,7 @@ pub fn create(
             }
             (S_IFLNK | 0o777, 0, target.len(), Some(target))
         }
+        NewKind::Tmpfile { perm } => (S_IFREG | (perm & 0o7777), 0, 0, None),
     };
     // New regular files start inline (empty and dense); everything else is storage_kind 0.
     let inline = mode & S_IFMT == S_IFREG;
@@ -97,7 +106,7 @@ pub fn create(
         .prepare_cached(
             "INSERT INTO fs_inode (mode, nlink, uid, gid, size, atime, mtime, ctime, rdev,
                                    atime_nsec, mtime_nsec, ctime_nsec, data_inline, storage_kind)
-             VALUES (?1, 1, ?2, ?3, ?4, ?5, ?5, ?5, ?6, ?7, ?7, ?7,
+             VALUES (?1, ?9, ?2, ?3, ?4, ?5, ?5, ?5, ?6, ?7, ?7, ?7,
                      CASE WHEN ?8 THEN x'' END, CASE WHEN ?8 THEN 1 ELSE 0 END)
              RETURNING ino",
         )?
@@ -111,10 +120,14 @@ pub fn create(
                 rdev,
                 now.nsec,
                 inline,
+                u32::from(named),
             ),
             |r| r.get(0),
         )?;
     let ino = Ino(ino as u64);
+    if !named {
+        return attr_of(c, cfg, ino);
+    }
     insert_dentry(c, parent, name, ino)?;
     if let Some(t) = target {
         c.prepare_cached("INSERT INTO fs_symlink (ino, target) VALUES (?1, ?2)")?
@@ -137,7 +150,9 @@ pub fn link(
     if m.is_dir() {
         return Err(Errno::EPERM);
     }
-    if m.nlink <= 0 {
+    // An unnamed regular file may get a name: an O_TMPFILE file (the kernel lets only those
+    // be linked once their last name is gone).
+    if m.nlink <= 0 && m.mode & S_IFMT != S_IFREG {
         return Err(Errno::ENOENT);
     }
     check_new_name(newname)?;

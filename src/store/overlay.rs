@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OptionalExtension};
+use sha2::{Digest, Sha256};
 
 use super::backup::PartialOrigin;
 use super::copy::has_table;
@@ -125,6 +126,136 @@ pub fn read_config(c: &Connection) -> Result<Option<OverlayConfig>, String> {
     Ok(Some(cfg))
 }
 
+/// The **extension** table of what a delta saw of each base object it hid or replaced (copied
+/// up, whited out, or renamed over), keyed by overlay path; `agentfs apply` compares the base
+/// with it. Created with a new delta only (see [`create`]): its presence promises a row for
+/// every such object, which a delta written before it existed cannot keep.
+pub const BASE_SEEN_DDL: &str = "CREATE TABLE fs_base_seen (
+  path TEXT PRIMARY KEY,
+  base_ino INTEGER NOT NULL,
+  mode INTEGER NOT NULL,
+  size INTEGER NOT NULL,
+  mtime INTEGER NOT NULL,
+  mtime_nsec INTEGER NOT NULL,
+  ctime INTEGER NOT NULL,
+  ctime_nsec INTEGER NOT NULL,
+  sha256 TEXT
+);";
+
+/// `fs_base_seen` rows to write by path (None: no row).
+pub type SeenRows = Vec<(Vec<u8>, Option<BaseSeen>)>;
+
+/// One `fs_base_seen` row: the base object at a path as the delta first saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BaseSeen {
+    pub ino: u64,
+    /// st_mode: type and permission bits.
+    pub mode: u32,
+    pub size: u64,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    /// sha256 (hex) of a regular file's bytes or a symlink's target, when the delta read them
+    /// whole (a full copy-up); None otherwise.
+    pub sha256: Option<String>,
+}
+
+impl BaseSeen {
+    /// The stat part of a record (no content hash).
+    pub fn of_stat(st: &libc::stat) -> BaseSeen {
+        let ts = |s: i64, n: i64| Timespec {
+            sec: s,
+            nsec: u32::try_from(n).unwrap_or(0),
+        };
+        BaseSeen {
+            ino: st.st_ino,
+            mode: st.st_mode,
+            size: u64::try_from(st.st_size).unwrap_or(0),
+            mtime: ts(st.st_mtime, st.st_mtime_nsec),
+            ctime: ts(st.st_ctime, st.st_ctime_nsec),
+            sha256: None,
+        }
+    }
+}
+
+/// Record `seen` for `path` unless the path already has a row (the first sighting is the
+/// version the delta's view is based on) or the delta has no `fs_base_seen` table.
+pub fn record_seen(c: &Connection, path: &[u8], seen: &BaseSeen) -> Result<(), Errno> {
+    if !has_table(c, "main", "fs_base_seen")? {
+        return Ok(());
+    }
+    let i = |v: u64| i64::try_from(v).map_err(|_| Errno::EOVERFLOW);
+    c.prepare_cached(
+        "INSERT OR IGNORE INTO fs_base_seen (path, base_ino, mode, size, mtime, mtime_nsec,
+                                            ctime, ctime_nsec, sha256)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    )?
+    .execute(rusqlite::params![
+        Name(path),
+        i(seen.ino)?,
+        seen.mode,
+        i(seen.size)?,
+        seen.mtime.sec,
+        seen.mtime.nsec,
+        seen.ctime.sec,
+        seen.ctime.nsec,
+        seen.sha256
+    ])?;
+    Ok(())
+}
+
+/// Every `fs_base_seen` row by path; None when the delta has no such table (it predates it).
+pub fn read_seen(c: &Connection) -> rusqlite::Result<Option<HashMap<Vec<u8>, BaseSeen>>> {
+    if !has_table(c, "main", "fs_base_seen")? {
+        return Ok(None);
+    }
+    let mut st = c.prepare(
+        "SELECT path, base_ino, mode, size, mtime, mtime_nsec, ctime, ctime_nsec, sha256
+         FROM fs_base_seen",
+    )?;
+    let rows = st.query_map([], |r| {
+        let ts = |s: i64, n: i64| Timespec {
+            sec: s,
+            nsec: u32::try_from(n).unwrap_or(0),
+        };
+        Ok((
+            bytes_of(r.get_ref(0)?),
+            BaseSeen {
+                ino: r.get::<_, i64>(1)? as u64,
+                mode: r.get(2)?,
+                size: r.get::<_, i64>(3)? as u64,
+                mtime: ts(r.get(4)?, r.get(5)?),
+                ctime: ts(r.get(6)?, r.get(7)?),
+                sha256: r.get(8)?,
+            },
+        ))
+    })?;
+    rows.collect::<rusqlite::Result<HashMap<_, _>>>().map(Some)
+}
+
+/// Replace the `fs_base_seen` rows of the given paths (None: drop the row), in one
+/// transaction on `db` — after `agentfs apply` wrote those paths, so the records describe the
+/// base the delta now matches. Nothing to do for a delta without the table.
+pub fn refresh_seen(db: &Path, rows: &SeenRows) -> Result<(), String> {
+    let c = super::copy::open_conn(db, false)?;
+    let err = |e: Errno| format!("{}: fs_base_seen: {e}", db.display());
+    let run = || -> Result<(), Errno> {
+        if !has_table(&c, "main", "fs_base_seen")? {
+            return Ok(());
+        }
+        let tx = c.unchecked_transaction()?;
+        for (path, seen) in rows {
+            tx.prepare_cached("DELETE FROM fs_base_seen WHERE path = ?1")?
+                .execute([Name(path)])?;
+            if let Some(seen) = seen {
+                record_seen(&tx, path, seen)?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    };
+    run().map_err(err)
+}
+
 /// Store `cfg` (replacing any earlier configuration) in one transaction.
 pub fn write_config(c: &Connection, cfg: &OverlayConfig) -> rusqlite::Result<()> {
     let tx = c.unchecked_transaction()?;
@@ -175,8 +306,11 @@ pub fn check_base(db: &Path, base: &Path) -> Result<PathBuf, String> {
 /// on failure.
 pub fn create(db: &Path, opts: &super::InitOptions, cfg: &OverlayConfig) -> Result<(), String> {
     Store::create(db, opts).map_err(|e| e.to_string())?;
-    let r = super::copy::open_conn(db, false)
-        .and_then(|c| write_config(&c, cfg).map_err(|e| format!("{}: {e}", db.display())));
+    let r = super::copy::open_conn(db, false).and_then(|c| {
+        write_config(&c, cfg)
+            .and_then(|()| c.execute_batch(BASE_SEEN_DDL))
+            .map_err(|e| format!("{}: {e}", db.display()))
+    });
     if r.is_err() {
         super::copy::remove_db_files(db);
     }
@@ -335,6 +469,9 @@ pub struct Snapshot {
     pub delta: Delta,
     /// Partial-origin rows by delta inode.
     pub partial: HashMap<i64, PartialOrigin>,
+    /// What the delta saw of the base objects it hid or replaced, by path (None: the delta
+    /// predates these records).
+    pub seen: Option<HashMap<Vec<u8>, BaseSeen>>,
 }
 
 impl Store {
@@ -347,10 +484,12 @@ impl Store {
             })?;
             let delta = read_delta(c).map_err(|e| format!("{db}: reading the delta tree: {e}"))?;
             let partial = partial_origins_by_ino(c).map_err(|e| format!("{db}: {e}"))?;
+            let seen = read_seen(c).map_err(|e| format!("{db}: fs_base_seen: {e}"))?;
             Ok(Snapshot {
                 config,
                 delta,
                 partial,
+                seen,
             })
         })
     }
@@ -380,6 +519,8 @@ pub struct Effects<'a> {
     pub unwhiteout: Option<&'a [u8]>,
     /// Drop the whiteouts of this directory's children (the directory is removed).
     pub clear_children: Option<&'a [u8]>,
+    /// The base object this operation hides or replaces at a path, for `fs_base_seen`.
+    pub seen: Option<(&'a [u8], &'a BaseSeen)>,
 }
 
 impl Effects<'_> {
@@ -387,6 +528,7 @@ impl Effects<'_> {
         whiteout: None,
         unwhiteout: None,
         clear_children: None,
+        seen: None,
     };
 }
 
@@ -423,6 +565,9 @@ pub fn apply_effects(c: &Connection, fx: &Effects<'_>, now: Timespec) -> Result<
         )?
         .execute((Name(p), Name(parent_path(p)), now.sec))?;
     }
+    if let Some((path, seen)) = fx.seen {
+        record_seen(c, path, seen)?;
+    }
     Ok(())
 }
 
@@ -454,6 +599,9 @@ pub struct BaseMeta {
     pub ino: u64,
     /// Extended attributes (name, value).
     pub xattrs: crate::sys::beneath::Xattrs,
+    /// The base object's stat as `fs_base_seen` records it, and its overlay path.
+    pub seen: BaseSeen,
+    pub path: Vec<u8>,
 }
 
 impl Store {
@@ -607,13 +755,16 @@ impl Store {
             )?
             .execute((sql_ino(ino)?, base_ino))?;
             super::xattr::copy_in(c, ino, &meta.xattrs)?;
+            let mut hash = None;
             match content {
                 Content::Dir | Content::Special => {}
                 Content::Symlink(t) => {
                     c.prepare_cached("INSERT INTO fs_symlink (ino, target) VALUES (?1, ?2)")?
                         .execute((sql_ino(ino)?, Name(t)))?;
+                    hash = Some(crate::delta::sha256_hex(t));
                 }
                 Content::File(read) => {
+                    let mut sha = Sha256::new();
                     let mut buf = vec![0u8; cfg.chunk_size as usize];
                     let mut off = 0u64;
                     loop {
@@ -629,10 +780,16 @@ impl Store {
                             break;
                         }
                         data::write(c, &cfg, ino, off, &buf[..have], None)?;
+                        sha.update(&buf[..have]);
                         off += have as u64;
                         if have < buf.len() {
                             break;
                         }
+                    }
+                    // Only a copy that read the whole file knows its content (a copy for a
+                    // truncate to zero reads nothing).
+                    if off == meta.size {
+                        hash = Some(crate::delta::hex(&sha.finalize()));
                     }
                 }
                 Content::Partial(po) => {
@@ -657,6 +814,13 @@ impl Store {
                 }
             }
             verify()?;
+            if parent.is_some() {
+                let seen = BaseSeen {
+                    sha256: hash,
+                    ..meta.seen.clone()
+                };
+                record_seen(c, &meta.path, &seen)?;
+            }
             publish(ino);
             Ok(ino)
         });
@@ -667,13 +831,20 @@ impl Store {
     }
 
     /// Hide the base entry `path` of delta directory `parent` (which gets the new mtime and
-    /// ctime), in one transaction.
-    pub fn whiteout(&self, parent: Ino, path: &[u8], clear_children: bool) -> Result<(), Errno> {
+    /// ctime), recording what it was (`seen`), in one transaction.
+    pub fn whiteout(
+        &self,
+        parent: Ino,
+        path: &[u8],
+        clear_children: bool,
+        seen: &BaseSeen,
+    ) -> Result<(), Errno> {
         let out = self.write_tx(|c| {
             let now = inode::now();
             let fx = Effects {
                 whiteout: Some(path),
                 clear_children: clear_children.then_some(path),
+                seen: Some((path, seen)),
                 ..Effects::NONE
             };
             apply_effects(c, &fx, now)?;
