@@ -282,7 +282,7 @@ fn random_commit_failures_lose_nothing_reported_successful_but_the_lost_window()
     let mut f = Faulty::new(20, &[]);
     let mut serial = 0;
     for round in 0..8u64 {
-        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (round + 1) * 0x1000_0001);
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((round + 1) * 0x1000_0001));
         let mut actual = Tree::new();
         walk(&f.m.mnt, "", &mut actual);
         // states[i]: the tree after the first i successful operations; `synced`: the index

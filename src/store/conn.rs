@@ -273,7 +273,6 @@ impl Writer {
                 Ok(())
             }
             Err(e) => {
-                let e = Errno::from(e);
                 self.lose_batch(e);
                 Err(e)
             }

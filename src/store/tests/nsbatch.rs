@@ -1,5 +1,5 @@
 //! Namespace batching: operations share one open transaction, each atomic on its own; a lost
-//! batch is reported once and tells the caches.
+//! batch is a sticky failure and tells the caches.
 
 use super::*;
 
