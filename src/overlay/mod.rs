@@ -943,6 +943,9 @@ impl Filesystem for Overlay {
     }
 
     fn adopt_orphans(&self, refs: &LookupRefs) -> Result<(), Errno> {
+        // A copy-up into an orphan commits before its node names it; both happen under the
+        // change lock, so no such orphan is seen unnamed here.
+        let _change = self.change.lock();
         let live = Live {
             refs,
             nodes: &self.nodes,
