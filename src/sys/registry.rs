@@ -17,6 +17,9 @@ pub struct ServerRecord {
     pub devfuse_requests: u64,
     /// Requests a transport thread handed to a worker instead of running them itself.
     pub worker_requests: u64,
+    /// Pages of the database, and those on its free list.
+    pub db_pages: u64,
+    pub free_pages: u64,
 }
 
 pub fn runtime_dir() -> PathBuf {
@@ -40,7 +43,7 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     let path = record_path(rec.pid);
     let text = format!(
-        "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\nworker_requests={}\n",
+        "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\nworker_requests={}\ndb_pages={}\nfree_pages={}\n",
         rec.pid,
         rec.db.display(),
         rec.mount_point.display(),
@@ -48,7 +51,9 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
         rec.ring_queues,
         rec.ring_requests,
         rec.devfuse_requests,
-        rec.worker_requests
+        rec.worker_requests,
+        rec.db_pages,
+        rec.free_pages
     );
     // Write then rename, so a reader never sees half a record.
     let tmp = path.with_extension("tmp");
@@ -72,6 +77,8 @@ fn parse(text: &str) -> Option<ServerRecord> {
             Some(("ring_requests", v)) => rec.ring_requests = v.parse().unwrap_or(0),
             Some(("devfuse_requests", v)) => rec.devfuse_requests = v.parse().unwrap_or(0),
             Some(("worker_requests", v)) => rec.worker_requests = v.parse().unwrap_or(0),
+            Some(("db_pages", v)) => rec.db_pages = v.parse().unwrap_or(0),
+            Some(("free_pages", v)) => rec.free_pages = v.parse().unwrap_or(0),
             _ => {}
         }
     }
