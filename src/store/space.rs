@@ -46,7 +46,7 @@ pub enum Need {
 impl Need {
     /// A namespace operation carrying `payload` bytes (a name, a symlink target, an xattr).
     pub fn op(payload: usize) -> Need {
-        Need::Grow(OP_BYTES + payload as u64)
+        Need::Grow(OP_BYTES.saturating_add(payload as u64))
     }
 }
 
