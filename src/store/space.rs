@@ -218,3 +218,73 @@ impl SpaceGuard {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// An empty database that counts the times it was asked to hand space back.
+    struct Empty(Cell<u32>);
+
+    impl Figures for Empty {
+        fn pages(&self) -> Result<DbPages, Errno> {
+            Ok(DbPages::default())
+        }
+        fn reclaim(&self) {
+            self.0.set(self.0.get() + 1);
+        }
+    }
+
+    fn guard(dir: &Path, reserve: i64, low: i64) -> SpaceGuard {
+        SpaceGuard {
+            db: dir.join("db.sqlite"),
+            reserve,
+            low,
+            every: Duration::from_secs(3600),
+            state: Mutex::new(State::default()),
+            low_flag: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    #[test]
+    fn growth_into_the_reserve_is_refused_after_one_reclaim_and_frees_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let (free, _) = crate::sys::space::host_space(&dir.path().join("db.sqlite")).unwrap();
+        let g = guard(dir.path(), clamp(free) + (1 << 30), 0);
+        let fig = Empty(Cell::new(0));
+        assert_eq!(g.admit(Need::op(10), 0, &fig), Err(Errno::ENOSPC));
+        assert_eq!(fig.0.get(), 1, "space is handed back once before refusing");
+        assert!(g.is_low());
+        assert_eq!(g.admit(Need::Free, 0, &fig), Ok(()));
+        assert_eq!(g.admit(Need::op(10), 0, &fig), Err(Errno::ENOSPC));
+        assert_eq!(fig.0.get(), 1, "at most one reclaim per sample interval");
+    }
+
+    #[test]
+    fn room_admits_and_the_low_mark_counts_pending_bytes_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let (free, _) = crate::sys::space::host_space(&dir.path().join("db.sqlite")).unwrap();
+        let fig = Empty(Cell::new(0));
+        let g = guard(dir.path(), 0, 0);
+        assert_eq!(g.admit(Need::Grow(4096), 0, &fig), Ok(()));
+        assert!(!g.is_low());
+        // Pending bytes that would not fit twice make the guard low, not the admission fail.
+        assert_eq!(g.admit(Need::Grow(4096), free, &fig), Ok(()));
+        assert!(g.is_low());
+        assert_eq!(fig.0.get(), 0);
+    }
+
+    #[test]
+    fn new_data_reuses_free_pages_before_growing() {
+        let s = Sample {
+            at: Instant::now(),
+            room: 1 << 30,
+            free: 8192,
+            spent: 0,
+            spent_free: 0,
+        };
+        assert_eq!(s.cost(4096), (4096, 4096));
+        assert_eq!(s.cost(12288), (12288 + 4096, 8192));
+    }
+}
