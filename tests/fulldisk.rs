@@ -35,30 +35,22 @@ impl Drop for Tmpfs {
     }
 }
 
-/// A mount whose database lives on a small tmpfs. One at a time: filling a disk is heavy, and
-/// with two in parallel a mount was once refused as "already mounted" (cause not found yet).
+/// A mount whose database lives on a small tmpfs. Tests run them in parallel: every fresh tmpfs
+/// numbers its first file alike, and a mount must not take another tmpfs's database for its own.
 struct SmallDisk {
     m: Mounted,
     _disk: Tmpfs,
-    _one: std::sync::MutexGuard<'static, ()>,
 }
-
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl SmallDisk {
     fn new(mib: u64, env: &[(&str, &str)]) -> SmallDisk {
-        let one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         let mut m = Mounted::unmounted_with_env(env);
         let disk = Tmpfs::new(&m.dir.path().join("disk"), mib);
         m.db = disk.0.join("db.sqlite");
         let out = agentfs(&["init", m.db.to_str().expect("utf8")]);
         assert!(out.status.success(), "init failed");
         m.mount();
-        SmallDisk {
-            m,
-            _disk: disk,
-            _one: one,
-        }
+        SmallDisk { m, _disk: disk }
     }
 }
 
