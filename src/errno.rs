@@ -70,8 +70,16 @@ impl From<std::io::Error> for Errno {
     }
 }
 
-/// SQLite result codes are mapped deliberately: a full disk is ENOSPC, a busy database EBUSY
-/// (after the busy timeout), corruption EIO, a constraint violation (a duplicate name) EEXIST.
+/// SQLite result codes are mapped deliberately, here only:
+/// * SQLITE_FULL: ENOSPC (the database's filesystem is full).
+/// * SQLITE_CORRUPT, SQLITE_NOTADB: EIO, logged as damage (`agentfs fsck` reports it).
+/// * SQLITE_CONSTRAINT: EIO, logged. The one constraint an operation may legitimately hit, a
+///   duplicate name, is turned into EEXIST where names are inserted; any other violation is
+///   a broken invariant, not an answer for the caller.
+/// * SQLITE_BUSY, SQLITE_LOCKED: EBUSY. The server's writer waits for the lock instead (see
+///   `store::conn`), so this reaches only offline commands, after the busy timeout.
+/// * SQLITE_READONLY: EROFS; SQLITE_TOOBIG: EFBIG; SQLITE_NOMEM: ENOMEM; SQLITE_INTERRUPT:
+///   EINTR; anything else EIO, logged.
 impl From<rusqlite::Error> for Errno {
     fn from(e: rusqlite::Error) -> Self {
         use rusqlite::ffi::ErrorCode as C;
@@ -80,11 +88,18 @@ impl From<rusqlite::Error> for Errno {
             rusqlite::Error::SqliteFailure(f, _) => match f.code {
                 C::DiskFull => Errno::ENOSPC,
                 C::DatabaseBusy | C::DatabaseLocked => Errno::EBUSY,
-                C::ConstraintViolation => Errno::EEXIST,
                 C::ReadOnly => Errno::EROFS,
                 C::TooBig => Errno::EFBIG,
                 C::OutOfMemory => Errno::ENOMEM,
                 C::OperationInterrupted => Errno::EINTR,
+                C::DatabaseCorrupt | C::NotADatabase => {
+                    tracing::error!("the database is damaged ({e}); run `agentfs fsck` on it");
+                    Errno::EIO
+                }
+                C::ConstraintViolation => {
+                    tracing::error!("a database constraint was violated, answered EIO: {e}");
+                    Errno::EIO
+                }
                 _ => {
                     tracing::error!("sqlite failure mapped to EIO: {e}");
                     Errno::EIO
@@ -95,5 +110,52 @@ impl From<rusqlite::Error> for Errno {
                 Errno::EIO
             }
         }
+    }
+}
+
+/// Whether `e` is SQLITE_BUSY or SQLITE_LOCKED (the busy timeout ran out).
+pub fn is_busy(e: &rusqlite::Error) -> bool {
+    use rusqlite::ffi::ErrorCode as C;
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if matches!(f.code, C::DatabaseBusy | C::DatabaseLocked))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Errno;
+    use rusqlite::ffi;
+
+    fn sqlite(code: i32) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(ffi::Error::new(code), None)
+    }
+
+    #[test]
+    fn sqlite_codes_map_deliberately() {
+        let cases = [
+            (ffi::SQLITE_FULL, Errno::ENOSPC),
+            (ffi::SQLITE_CORRUPT, Errno::EIO),
+            (ffi::SQLITE_NOTADB, Errno::EIO),
+            (ffi::SQLITE_CONSTRAINT, Errno::EIO),
+            (ffi::SQLITE_CONSTRAINT_UNIQUE, Errno::EIO),
+            (ffi::SQLITE_CONSTRAINT_NOTNULL, Errno::EIO),
+            (ffi::SQLITE_BUSY, Errno::EBUSY),
+            (ffi::SQLITE_LOCKED, Errno::EBUSY),
+            (ffi::SQLITE_READONLY, Errno::EROFS),
+            (ffi::SQLITE_TOOBIG, Errno::EFBIG),
+            (ffi::SQLITE_NOMEM, Errno::ENOMEM),
+            (ffi::SQLITE_INTERRUPT, Errno::EINTR),
+            (ffi::SQLITE_IOERR, Errno::EIO),
+            (ffi::SQLITE_IOERR_WRITE, Errno::EIO),
+        ];
+        for (code, want) in cases {
+            assert_eq!(Errno::from(sqlite(code)), want, "sqlite code {code}");
+        }
+        assert_eq!(
+            Errno::from(rusqlite::Error::QueryReturnedNoRows),
+            Errno::ENOENT
+        );
+        assert!(super::is_busy(&sqlite(ffi::SQLITE_BUSY)));
+        assert!(super::is_busy(&sqlite(ffi::SQLITE_BUSY_SNAPSHOT)));
+        assert!(!super::is_busy(&sqlite(ffi::SQLITE_FULL)));
     }
 }

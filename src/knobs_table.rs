@@ -65,6 +65,16 @@ knob_table! {
         "After a namespace batch commits, operations commit one by one for this long before the next batch opens, so other processes' writers (offline agentfs commands) get the write lock under continuous load, in milliseconds.";
     durability_window_ms: U64 = 5000, [0, 3600000], Policy, "AGENTFS_DURABILITY_WINDOW_MS",
         "Committed work is made durable (an fdatasync of the -wal) at most this long after the first commit no barrier covered, like ext4's commit=5, in milliseconds (0 = only barriers make it durable).";
+    space_reserve_mib: U64 = 4, [0, 65536], Policy, "AGENTFS_SPACE_RESERVE_MIB",
+        "Free space on the database's filesystem kept for operations that free space (unlink, rmdir, rename, truncate, punch hole, removexattr): an operation that grows the database fails with ENOSPC up front rather than take it, in MiB.";
+    space_low_mib: U64 = 64, [0, 1048576], Policy, "AGENTFS_SPACE_LOW_MIB",
+        "Below this much free space above the reserve, nothing is acknowledged before it is committed: namespace operations commit before their reply and WRITEs go through, so a full disk fails the operation that filled it, in MiB.";
+    space_sample_ms: U64 = 100, [1, 60000], Policy, "AGENTFS_SPACE_SAMPLE_MS",
+        "How old the free-space figures (statvfs of the database's directory, SQLite's free pages) may be before an operation samples them again, in milliseconds.";
+    vacuum_free_percent: U64 = 10, [1, 100], Policy, "AGENTFS_VACUUM_FREE_PERCENT",
+        "When free pages are at least this share of the database file, an idle server (and every clean unmount) returns them to the filesystem with incremental vacuum steps, in percent.";
+    vacuum_step_pages: U64 = 4096, [1, 1048576], Policy, "AGENTFS_VACUUM_STEP_PAGES",
+        "Most free pages one idle vacuum step returns (the writer is held for the step).";
     cache: Bool = true, [0, 1], KillSwitch, "AGENTFS_CACHE",
         "Server-side caches of attributes, name lookups and directory listings, keyed by inode (0 = every request reads SQLite).";
     cache_attr_cap: U64 = 65536, [0, 16777216], Policy, "AGENTFS_CACHE_ATTR_CAP",

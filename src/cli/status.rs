@@ -21,18 +21,30 @@ pub fn run(a: Args) -> super::CliResult {
         return Ok(0);
     }
     println!(
-        "{:<8} {:<10} {:>12} {:>12} {:>12} {:<30} DATABASE",
-        "PID", "TRANSPORT", "RING_REQS", "DEVFUSE_REQS", "WORKER_REQS", "MOUNT"
+        "{:<8} {:<10} {:>12} {:>12} {:>12} {:>5} {:<30} DATABASE",
+        "PID", "TRANSPORT", "RING_REQS", "DEVFUSE_REQS", "WORKER_REQS", "FREE", "MOUNT"
     );
     for s in &servers {
         let live = mounted.iter().any(|m| m.mount_point == s.mount_point);
+        // The free pages' share of the database file (handed back when the mount is idle).
+        let pages = crate::store::space::DbPages {
+            pages: s.db_pages,
+            free: s.free_pages,
+            ..Default::default()
+        };
+        let free = if s.db_pages == 0 {
+            "-".to_string()
+        } else {
+            format!("{}%", pages.free_percent())
+        };
         println!(
-            "{:<8} {:<10} {:>12} {:>12} {:>12} {:<30} {}{}",
+            "{:<8} {:<10} {:>12} {:>12} {:>12} {:>5} {:<30} {}{}",
             s.pid,
             s.transport,
             s.ring_requests,
             s.devfuse_requests,
             s.worker_requests,
+            free,
             s.mount_point.display(),
             s.db.display(),
             if live { "" } else { " (not mounted)" }

@@ -108,6 +108,8 @@ pub struct Writer {
     /// The sticky failure a lost batch or a failed fdatasync records.
     failure: Arc<Failure>,
     on_lost: Option<LostHook>,
+    /// Set by the space guard while space is low: every operation commits on its own.
+    space_low: Arc<AtomicBool>,
     shutdown: bool,
 }
 
@@ -142,6 +144,7 @@ impl Writer {
             synced_version: None,
             failure,
             on_lost: None,
+            space_low: Arc::new(AtomicBool::new(false)),
             shutdown: false,
         })
     }
@@ -165,6 +168,13 @@ impl Writer {
         if let Err(e) = self.failure.check() {
             return (Err(e), false);
         }
+        if self.space_low.load(Ordering::Relaxed) {
+            // Little space left: nothing is acknowledged before it is committed.
+            if let Err(e) = self.commit() {
+                return (Err(e), false);
+            }
+            return (self.transact_alone(f), false);
+        }
         let Some(policy) = self.policy else {
             return (self.transact_alone(f), false);
         };
@@ -173,7 +183,7 @@ impl Writer {
             return (self.transact_alone(f), false);
         }
         if opened {
-            if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
+            if let Err(e) = begin_immediate(&self.conn) {
                 return (Err(e.into()), false);
             }
             self.batch = Some(OpenBatch {
@@ -240,13 +250,17 @@ impl Writer {
         &mut self,
         f: impl FnOnce(&Connection) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let out = f(&tx)?;
-        // Dropping the transaction rolls it back.
-        fault(&self.fault)?;
-        tx.commit()?;
+        begin_immediate(&self.conn)?;
+        let out = f(&self.conn).and_then(|v| {
+            // A rollback follows a failure, as a failing disk would leave it.
+            fault(&self.fault)?;
+            self.conn.execute_batch("COMMIT")?;
+            Ok(v)
+        });
+        if out.is_err() && !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        let out = out?;
         self.committed();
         Ok(out)
     }
@@ -448,6 +462,11 @@ impl WriterCell {
         Ok(out)
     }
 
+    /// Install the space guard's low-space flag (see [`crate::store::space`]).
+    pub fn set_space_low(&self, flag: Arc<AtomicBool>) {
+        self.writer.lock().space_low = flag;
+    }
+
     /// Install the hook told when a batch is lost.
     pub fn set_lost_hook(&self, hook: LostHook) {
         self.writer.lock().on_lost = Some(hook);
@@ -507,6 +526,19 @@ impl WriterCell {
             let _ = h.join();
         }
         out
+    }
+}
+
+/// BEGIN IMMEDIATE, waiting as long as another process holds the write lock: a busy
+/// database is never an answer to a request. Each busy timeout that runs out is logged.
+fn begin_immediate(conn: &Connection) -> rusqlite::Result<()> {
+    loop {
+        match conn.execute_batch("BEGIN IMMEDIATE") {
+            Err(e) if crate::errno::is_busy(&e) => {
+                tracing::warn!("another process holds the database's write lock; still waiting");
+            }
+            r => return r,
+        }
     }
 }
 

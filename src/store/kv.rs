@@ -45,6 +45,8 @@ impl Store {
     /// Insert or replace `key` with the JSON text `value` (refused unless valid JSON).
     pub fn kv_set(&self, key: &str, value: &str) -> Result<(), String> {
         validate_json(value)?;
+        self.admit(super::space::Need::op(key.len() + value.len()))
+            .map_err(errno)?;
         self.write_tx(|c| {
             c.execute(
                 "INSERT INTO kv_store (key, value, updated_at) VALUES (?1, ?2, unixepoch())

@@ -40,6 +40,7 @@ pub mod overlay;
 pub mod progress;
 pub mod repair;
 mod schema;
+pub mod space;
 mod stat;
 #[cfg(test)]
 mod tests;
@@ -371,6 +372,8 @@ pub struct Store {
     readers: conn::Pool,
     /// Whether fs_xattr exists (a read-only open of a foreign database may lack it).
     xattrs: bool,
+    /// Refuses growth into the space reserved for deletions (`None` on a read-only open).
+    space: Option<space::SpaceGuard>,
     /// Whether WRITE stamps mtime/ctime. False while the kernel's writeback cache keeps them:
     /// it then sends its own times with SETATTR, and a WRITE arriving after that must not
     /// move them (a cache drop would otherwise show a different mtime).
@@ -459,6 +462,11 @@ impl Store {
             w.set_lost_hook(Arc::new(move || c.clear()));
             Some(w)
         };
+        let space = writer.as_ref().map(|w| {
+            let g = space::SpaceGuard::new(path, crate::knobs::get());
+            w.set_space_low(g.low_flag());
+            g
+        });
         let batch = match (&writer, batching) {
             (Some(w), Some(cfg)) => {
                 let b = batch::Batcher::new(
@@ -492,6 +500,7 @@ impl Store {
             batch,
             readers,
             xattrs,
+            space,
             write_times: std::sync::atomic::AtomicBool::new(true),
             caches,
             failure,
@@ -538,13 +547,69 @@ impl Store {
     }
 
     /// One write transaction (EROFS on a read-only open; the sticky errno after a failed
-    /// commit lost acknowledged work).
+    /// commit lost acknowledged work). The space guard sees every one (an operation that grows
+    /// the database has been admitted as such before).
     fn write_tx<T>(
         &self,
         f: impl FnOnce(&rusqlite::Connection) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
         let w = self.writer.as_ref().ok_or(Errno::EROFS)?;
+        self.admit(space::Need::Free)?;
         w.transact(f)
+    }
+
+    /// Ask the space guard for room (ENOSPC when `need` would take the reserve); it also
+    /// decides whether operations may be acknowledged before they commit.
+    fn admit(&self, need: space::Need) -> Result<(), Errno> {
+        match &self.space {
+            Some(g) => g.admit(need, self.pending_bytes(), self),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether space is low: nothing may be acknowledged before it is committed.
+    fn space_low(&self) -> bool {
+        self.space.as_ref().is_some_and(|g| g.is_low())
+    }
+
+    /// SQLite's page figures of the committed database.
+    pub fn pages(&self) -> Result<space::DbPages, Errno> {
+        self.readers.read(space::DbPages::read)
+    }
+
+    /// Hand free pages back to the filesystem when they are at least `min_percent` of the
+    /// database (`PRAGMA incremental_vacuum`, up to `max` pages, all with None;
+    /// `auto_vacuum=INCREMENTAL` databases only), then fold the WAL into the main file and
+    /// truncate it, so the file shrinks. Returns the figures after.
+    pub fn give_back(&self, max: Option<u64>, min_percent: u64) -> Result<space::DbPages, Errno> {
+        let before = self.pages()?;
+        let pct = min_percent;
+        if self.writer.is_none()
+            || !before.incremental
+            || before.free == 0
+            || before.free_percent() < pct
+        {
+            return Ok(before);
+        }
+        if let Some(w) = &self.writer {
+            let mut w = w.lock();
+            w.commit()?;
+            let sql = match max {
+                Some(n) => format!("PRAGMA incremental_vacuum({n})"),
+                None => "PRAGMA incremental_vacuum".to_string(),
+            };
+            let mut st = w.conn().prepare(&sql)?;
+            let mut rows = st.query([])?;
+            while rows.next()?.is_some() {}
+        }
+        self.checkpoint()?;
+        let after = self.pages()?;
+        tracing::info!(
+            "handed {} free pages back to the filesystem ({} left)",
+            before.free.saturating_sub(after.free),
+            after.free
+        );
+        Ok(after)
     }
 
     /// One read transaction on a pooled read connection; while a namespace batch is open, on
@@ -906,6 +971,11 @@ impl Store {
         caller: Caller,
         fx: &Effects<'_>,
     ) -> Result<Attr, Errno> {
+        let payload = match kind {
+            NewKind::Symlink { target } => target.len(),
+            _ => 0,
+        };
+        self.admit(space::Need::op(name.len() + payload))?;
         let out = self.write_tx(|c| {
             let now = inode::now();
             let a = namespace::create(c, &self.config, parent, name, kind, caller, now)?;
@@ -962,6 +1032,7 @@ impl Store {
         newname: &[u8],
         fx: &Effects<'_>,
     ) -> Result<Attr, Errno> {
+        self.admit(space::Need::op(newname.len()))?;
         let cfg = &self.config;
         let out = self.with_claims(
             &[ino],
@@ -1181,8 +1252,9 @@ impl Store {
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u32, Errno> {
         let n = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
         let cfg = &self.config;
+        self.admit(space::Need::Grow(u64::from(n)))?;
         match &self.batch {
-            Some(b) => {
+            Some(b) if !self.space_low() => {
                 offset
                     .checked_add(data.len() as u64)
                     .filter(|e| *e <= inode::MAX_FILE_SIZE)
@@ -1191,6 +1263,17 @@ impl Store {
                 b.write(ino, offset, data, self.write_stamp());
                 Ok(n)
             }
+            // Little space left: the WRITE commits before its reply (with the inode's pending
+            // bytes first), so ENOSPC reaches it.
+            Some(_) => self.with_claims(
+                &[ino],
+                |_| true,
+                false,
+                |c, claims| {
+                    commit_claims(c, cfg, claims)?;
+                    data::write(c, cfg, ino, offset, data, self.write_stamp())
+                },
+            ),
             None => {
                 let out =
                     self.write_tx(|c| data::write(c, cfg, ino, offset, data, self.write_stamp()));
@@ -1205,6 +1288,9 @@ impl Store {
     pub fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: u32) -> Result<(), Errno> {
         let cfg = &self.config;
         let punch = mode & libc::FALLOC_FL_PUNCH_HOLE as u32 != 0;
+        if !punch {
+            self.admit(space::Need::Grow(length))?;
+        }
         let free = crate::sys::space::host_space(self.path()).map(|(free, _)| free);
         self.with_claims(
             &[ino],
@@ -1261,6 +1347,7 @@ impl Store {
         len: u64,
     ) -> Result<u64, Errno> {
         let cfg = &self.config;
+        self.admit(space::Need::Grow(len))?;
         self.with_claims(
             &[ino_in, ino_out],
             |_| true,
@@ -1350,6 +1437,7 @@ impl Store {
     /// Set an attribute: XATTR_CREATE → EEXIST, XATTR_REPLACE → ENODATA, names over 255
     /// bytes → ERANGE, values over 64 KiB → E2BIG.
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
+        self.admit(space::Need::op(name.len() + value.len()))?;
         let out = self.write_tx(|c| xattr::set(c, ino, name, value, flags, inode::now()));
         self.caches.inode_changed(ino);
         out
@@ -1456,5 +1544,17 @@ fn gone(c: &rusqlite::Connection, victim: Option<Ino>) -> Result<Option<Ino>, Er
     match victim {
         Some(i) if inode::meta_opt(c, i)?.is_none() => Ok(Some(i)),
         _ => Ok(None),
+    }
+}
+
+impl space::Figures for Store {
+    fn pages(&self) -> Result<space::DbPages, Errno> {
+        Store::pages(self)
+    }
+
+    fn reclaim(&self) {
+        if let Err(e) = self.give_back(None, 0).and_then(|_| self.checkpoint()) {
+            tracing::debug!("handing space back before refusing a write: {e}");
+        }
     }
 }

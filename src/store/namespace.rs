@@ -47,9 +47,18 @@ pub(super) fn insert_dentry(
     name: &[u8],
     ino: Ino,
 ) -> Result<(), Errno> {
-    c.prepare_cached("INSERT INTO fs_dentry (name, parent_ino, ino) VALUES (?1, ?2, ?3)")?
-        .execute((Name(name), sql_ino(parent)?, sql_ino(ino)?))?;
-    Ok(())
+    let mut st =
+        c.prepare_cached("INSERT INTO fs_dentry (name, parent_ino, ino) VALUES (?1, ?2, ?3)")?;
+    match st.execute((Name(name), sql_ino(parent)?, sql_ino(ino)?)) {
+        Ok(_) => Ok(()),
+        // UNIQUE(parent_ino, name): the one constraint that is an answer, a duplicate name.
+        Err(rusqlite::Error::SqliteFailure(f, _))
+            if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE =>
+        {
+            Err(Errno::EEXIST)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Create a new inode named `name` in `parent` (mknod, mkdir, symlink, create).

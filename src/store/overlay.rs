@@ -707,6 +707,11 @@ impl Store {
         publish: &dyn Fn(Ino),
     ) -> Result<Ino, Errno> {
         let cfg = self.config;
+        let bytes = match content {
+            Content::File(_) => usize::try_from(meta.size).unwrap_or(usize::MAX),
+            _ => 0,
+        };
+        self.admit(super::space::Need::op(name.len().saturating_add(bytes)))?;
         let out = self.write_tx(|c| {
             let (inline, kind) = match content {
                 Content::File(_) => (true, 1),
@@ -881,6 +886,12 @@ impl Store {
     /// `(index, bytes)` stores `bytes` as the chunk (None: a hole) and records the override.
     /// Pending writes of the inode stay pending and land on top.
     pub fn own_chunks(&self, ino: Ino, chunks: &[(u64, Option<Vec<u8>>)]) -> Result<(), Errno> {
+        let bytes: usize = chunks
+            .iter()
+            .filter_map(|(_, b)| b.as_ref())
+            .map(Vec::len)
+            .sum();
+        self.admit(super::space::Need::op(bytes))?;
         let out = self.write_tx(|c| {
             for (idx, bytes) in chunks {
                 let i = i64::try_from(*idx).map_err(|_| Errno::EFBIG)?;

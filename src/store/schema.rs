@@ -315,6 +315,9 @@ fn create_in(path: &Path, opts: &InitOptions) -> Result<(), StoreError> {
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(sqlite_err(path))?;
+    // Before the first table: free pages can then be handed back without a full VACUUM.
+    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+        .map_err(sqlite_err(path))?;
     let tx = conn.transaction().map_err(sqlite_err(path))?;
     tx.execute_batch(DDL).map_err(sqlite_err(path))?;
     let now = super::inode::now();

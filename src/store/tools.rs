@@ -82,6 +82,14 @@ impl Store {
         let duration = (call.completed_at - call.started_at)
             .checked_mul(1000)
             .ok_or("duration out of range")?;
+        let text = [&call.parameters, &call.result, &call.error];
+        let payload = call.name.len()
+            + text
+                .iter()
+                .filter_map(|t| t.as_ref())
+                .map(String::len)
+                .sum::<usize>();
+        self.admit(super::space::Need::op(payload)).map_err(errno)?;
         self.write_tx(|c| {
             c.execute(
                 "INSERT INTO tool_calls (name, parameters, result, error, started_at, completed_at, duration_ms)

@@ -52,7 +52,15 @@ pub fn lock_db(db: &Path) -> Result<DbLock, LockError> {
 /// The pid holding a FLOCK on `db`, from /proc/locks.
 pub fn holder_pid(db: &Path) -> Option<u32> {
     let meta = std::fs::metadata(db).ok()?;
-    let ino = meta.ino();
+    // The device as /proc/locks prints it (major:minor in hex) with the inode: inode numbers
+    // alone repeat across filesystems (every fresh tmpfs numbers its first file 2).
+    let dev = meta.dev();
+    let want = format!(
+        "{:02x}:{:02x}:{}",
+        libc::major(dev),
+        libc::minor(dev),
+        meta.ino()
+    );
     let locks = std::fs::read_to_string("/proc/locks").ok()?;
     for line in locks.lines() {
         // "1: FLOCK  ADVISORY  WRITE 1234 00:2e:5678 0 EOF"
@@ -60,12 +68,7 @@ pub fn holder_pid(db: &Path) -> Option<u32> {
         if f.len() < 6 || f[1] != "FLOCK" {
             continue;
         }
-        let dev_ino = f[5];
-        let lock_ino = dev_ino
-            .rsplit(':')
-            .next()
-            .and_then(|s| s.parse::<u64>().ok());
-        if lock_ino == Some(ino) {
+        if f[5] == want {
             return f[4].parse().ok();
         }
     }

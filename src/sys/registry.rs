@@ -27,6 +27,9 @@ pub struct ServerRecord {
     pub log: Option<PathBuf>,
     /// What a failed commit lost (empty while nothing was).
     pub lost: String,
+    /// Pages of the database, and those on its free list.
+    pub db_pages: u64,
+    pub free_pages: u64,
 }
 
 pub fn runtime_dir() -> PathBuf {
@@ -84,7 +87,7 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     let path = record_path(rec.pid);
     let mut text = format!(
-        "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\nworker_requests={}\n",
+        "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\nworker_requests={}\ndb_pages={}\nfree_pages={}\n",
         rec.pid,
         rec.db.display(),
         rec.mount_point.display(),
@@ -92,7 +95,9 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
         rec.ring_queues,
         rec.ring_requests,
         rec.devfuse_requests,
-        rec.worker_requests
+        rec.worker_requests,
+        rec.db_pages,
+        rec.free_pages
     );
     if let Some(log) = &rec.log {
         text.push_str(&format!("log={}\n", log.display()));
@@ -124,6 +129,8 @@ fn parse(text: &str) -> Option<ServerRecord> {
             Some(("worker_requests", v)) => rec.worker_requests = v.parse().unwrap_or(0),
             Some(("log", v)) => rec.log = Some(PathBuf::from(v)),
             Some(("lost", v)) => rec.lost = v.to_string(),
+            Some(("db_pages", v)) => rec.db_pages = v.parse().unwrap_or(0),
+            Some(("free_pages", v)) => rec.free_pages = v.parse().unwrap_or(0),
             _ => {}
         }
     }

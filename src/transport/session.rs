@@ -142,6 +142,7 @@ pub fn run(
         chan: chan.clone(),
         ring: ring_stats.clone(),
         shards: shards.clone(),
+        served: std::sync::atomic::AtomicU64::new(u64::MAX),
     };
     let record = reporter.write();
     let watcher = watch::Watcher::start(
@@ -178,11 +179,13 @@ pub fn run(
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reporter_thread = {
         let done = done.clone();
+        let step = knobs.vacuum_step_pages;
         std::thread::Builder::new()
             .name("status".into())
             .spawn(move || {
                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
                     std::thread::sleep(std::time::Duration::from_millis(500));
+                    reporter.idle_vacuum(step);
                     reporter.write();
                 }
             })
@@ -200,10 +203,16 @@ pub fn run(
     if let Some(t) = reporter_thread {
         let _ = t.join();
     }
-    // The connection is gone: every request has been answered. Make it all durable, and fold
-    // the WAL into the main file also after a failed commit (the database is consistent).
+    // The connection is gone: every request has been answered. Make it all durable, hand free
+    // pages back, and fold the WAL into the main file, also after a failed commit (the
+    // database is consistent).
     let synced = store.sync();
-    let checkpointed = store.checkpoint();
+    let checkpointed = match &synced {
+        Ok(()) if store.failure().summary().is_none() => store
+            .give_back(None, knobs.vacuum_free_percent)
+            .and_then(|_| store.checkpoint()),
+        _ => store.checkpoint(),
+    };
     let result = match (store.failure().summary(), synced, checkpointed) {
         (Some(lost), _, _) => Err(SessionError::Lost(lost)),
         (None, Err(e), _) => Err(SessionError::Other(format!("final sync failed: {e}"))),
@@ -228,16 +237,38 @@ pub fn run(
     result
 }
 
-/// Keeps the server's status record current: transport and requests served on each.
+/// Keeps the server's status record current: transport, requests served on each, and the
+/// database's free-page share; hands free pages back while the mount is idle.
 struct Reporter {
     record: registry::ServerRecord,
     store: Arc<Store>,
     chan: Arc<Channel>,
     ring: Arc<uring::RingStats>,
     shards: Arc<Shards>,
+    /// Requests served at the last tick (idle: no request since).
+    served: std::sync::atomic::AtomicU64,
 }
 
 impl Reporter {
+    fn served(&self) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.chan.served.load(Relaxed) + self.ring.served.load(Relaxed)
+    }
+
+    /// One vacuum step (at most `step` pages) when no request arrived since the last tick and
+    /// nothing is pending.
+    fn idle_vacuum(&self, step: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = self.served();
+        let idle = self.served.swap(now, Relaxed) == now && self.store.pending_bytes() == 0;
+        if idle {
+            let pct = crate::knobs::get().vacuum_free_percent;
+            if let Err(e) = self.store.give_back(Some(step), pct) {
+                tracing::warn!("handing free pages back failed: {e}");
+            }
+        }
+    }
+
     /// The transport as the kernel decided it: a refused REGISTER means the kernel went back
     /// to /dev/fuse for everything.
     fn write(&self) -> Option<PathBuf> {
@@ -247,6 +278,10 @@ impl Reporter {
         rec.ring_requests = self.ring.served.load(Relaxed);
         rec.worker_requests = self.shards.handed();
         rec.lost = self.store.failure().summary().unwrap_or_default();
+        if let Ok(p) = self.store.pages() {
+            rec.db_pages = p.pages;
+            rec.free_pages = p.free;
+        }
         rec.transport = if rec.ring_queues > 0 && self.ring.failed.load(Relaxed) == 0 {
             "io-uring".into()
         } else {

@@ -79,6 +79,11 @@ impl Mounted {
         Self::scratch(&[], &[])
     }
 
+    /// [`Mounted::unmounted`] with environment variables for the server.
+    pub fn unmounted_with_env(env: &[(&str, &str)]) -> Self {
+        Self::scratch(env, &[])
+    }
+
     /// Mount with extra environment and under a wrapper (see [`Mounted::wrapped`]).
     pub fn build(env: &[(&str, &str)], wrapper: &[&str]) -> Self {
         let mut m = Self::scratch(env, wrapper);

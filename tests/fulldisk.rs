@@ -1,0 +1,252 @@
+//! A full disk and space coming back, through real mounts. The full-disk tests put the
+//! database on a small tmpfs (root only: mounting a tmpfs needs CAP_SYS_ADMIN) and fill it
+//! through the mount.
+
+mod common;
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{agentfs, fuse_or_skip, Mounted};
+
+/// A tmpfs of a fixed size, unmounted on drop (after the mount that uses it: declare it after
+/// the [`Mounted`] in a struct, so it drops second).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn new(at: &Path, mib: u64) -> Tmpfs {
+        fs::create_dir_all(at).expect("mkdir tmpfs");
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(at)
+            .status()
+            .expect("run mount");
+        assert!(st.success(), "mounting a tmpfs failed");
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A mount whose database lives on a small tmpfs. Tests run them in parallel: every fresh tmpfs
+/// numbers its first file alike, and a mount must not take another tmpfs's database for its own.
+struct SmallDisk {
+    m: Mounted,
+    _disk: Tmpfs,
+}
+
+impl SmallDisk {
+    fn new(mib: u64, env: &[(&str, &str)]) -> SmallDisk {
+        let mut m = Mounted::unmounted_with_env(env);
+        let disk = Tmpfs::new(&m.dir.path().join("disk"), mib);
+        m.db = disk.0.join("db.sqlite");
+        let out = agentfs(&["init", m.db.to_str().expect("utf8")]);
+        assert!(out.status.success(), "init failed");
+        m.mount();
+        SmallDisk { m, _disk: disk }
+    }
+}
+
+fn errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(-1)
+}
+
+/// Write 1 MiB pieces to `path` until a write or the final fsync fails; that error.
+fn fill(path: &Path) -> std::io::Error {
+    let piece = vec![0x5au8; 1 << 20];
+    let mut f = match File::create(path) {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
+    for _ in 0..1024 {
+        if let Err(e) = f.write_all(&piece) {
+            return e;
+        }
+    }
+    match f.sync_all() {
+        Err(e) => e,
+        Ok(()) => panic!("1 GiB fitted on a small disk"),
+    }
+}
+
+fn write_file(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = File::create(path)?;
+    f.write_all(data)?;
+    f.sync_all()
+}
+
+/// What an operation answered: Ok or its errno.
+fn outcome(r: std::io::Result<()>) -> Result<(), i32> {
+    r.map_err(|e| errno(&e))
+}
+
+#[test]
+fn full_disk_answers_enospc_and_never_undoes_an_acknowledged_operation() {
+    if !fuse_or_skip("full_disk_answers_enospc_and_never_undoes_an_acknowledged_operation") {
+        return;
+    }
+    let mut d = SmallDisk::new(16, &[]);
+    let mnt = d.m.mnt.clone();
+    let p = |rel: &str| mnt.join(rel);
+    fs::create_dir(p("keep")).unwrap();
+    for i in 0..4 {
+        write_file(&p(&format!("keep/f{i}")), format!("file {i}\n").as_bytes()).unwrap();
+    }
+
+    // Writers get ENOSPC, not another errno.
+    let e = fill(&p("big"));
+    assert_eq!(errno(&e), libc::ENOSPC, "filling the disk failed with {e}");
+
+    // On the full disk: creates and mkdirs either happen or fail with ENOSPC; removals happen.
+    let mut created = Vec::new();
+    for i in 0..20 {
+        let name = format!("new{i}");
+        match outcome(write_file(&p(&name), b"x")) {
+            Ok(()) => created.push(name),
+            Err(e) => assert_eq!(e, libc::ENOSPC, "create {name}"),
+        }
+        let dir = format!("dir{i}");
+        match outcome(fs::create_dir(p(&dir))) {
+            Ok(()) => created.push(dir),
+            Err(e) => assert_eq!(e, libc::ENOSPC, "mkdir {dir}"),
+        }
+    }
+    assert!(
+        created.len() < 40,
+        "the disk is not full: every create succeeded"
+    );
+    fs::remove_file(p("keep/f0")).expect("rm on a full disk");
+    fs::remove_file(p("keep/f1")).expect("rm on a full disk");
+
+    // An offline rm on the full disk works too.
+    let out = agentfs(&["fs", d.m.db.to_str().unwrap(), "rm", "/keep/f2"]);
+    assert!(
+        out.status.success(),
+        "agentfs fs rm on a full disk: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Deleting frees space: writes work again, without a remount.
+    fs::remove_file(p("big")).expect("rm big");
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+    write_file(&p("after"), &data).expect("write after deleting");
+    fs::create_dir(p("after-dir")).expect("mkdir after deleting");
+
+    // Everything answered with success is in the database, and nothing else came back.
+    d.m.unmount();
+    d.m.mount();
+    for name in &created {
+        assert!(p(name).exists(), "{name} was acknowledged, then lost");
+    }
+    for gone in ["keep/f0", "keep/f1", "keep/f2", "big"] {
+        assert!(!p(gone).exists(), "{gone} was removed, then came back");
+    }
+    assert_eq!(fs::read(p("keep/f3")).unwrap(), b"file 3\n");
+    assert_eq!(fs::read(p("after")).unwrap(), data);
+    assert!(p("after-dir").is_dir());
+    d.m.unmount();
+    common::assert_consistent(&d.m.db);
+}
+
+#[test]
+fn full_disk_data_writes_fail_where_they_happen() {
+    if !fuse_or_skip("full_disk_data_writes_fail_where_they_happen") {
+        return;
+    }
+    // Without the kernel's writeback cache every WRITE is answered by the server: once the
+    // disk is full a write(2) itself fails with ENOSPC, and every byte written before it is
+    // stored.
+    let mut d = SmallDisk::new(16, &[("AGENTFS_FUSE_WRITEBACK_CACHE", "0")]);
+    let path = d.m.path("big");
+    let mut f = File::create(&path).unwrap();
+    let piece = vec![0xa5u8; 256 << 10];
+    let mut written = 0u64;
+    let err = loop {
+        match f.write_all(&piece) {
+            Ok(()) => written += piece.len() as u64,
+            Err(e) => break e,
+        }
+        assert!(written < 64 << 20, "64 MiB fitted on a 16 MiB disk");
+    };
+    assert_eq!(errno(&err), libc::ENOSPC, "write failed with {err}");
+    drop(f);
+    d.m.unmount();
+    d.m.mount();
+    let stored = fs::read(&path).unwrap();
+    assert!(
+        stored.len() as u64 >= written,
+        "{written} bytes were acknowledged, {} are stored",
+        stored.len()
+    );
+    let lost = stored[..written as usize]
+        .iter()
+        .filter(|b| **b != 0xa5)
+        .count();
+    assert_eq!(lost, 0, "acknowledged bytes were lost");
+    d.m.unmount();
+    common::assert_consistent(&d.m.db);
+}
+
+/// Bytes the database takes on its filesystem: the main file and the WAL.
+fn db_bytes(db: &Path) -> u64 {
+    let wal = PathBuf::from(format!("{}-wal", db.display()));
+    [db.to_path_buf(), wal]
+        .iter()
+        .map(|p| fs::metadata(p).map_or(0, |m| m.len()))
+        .sum()
+}
+
+#[test]
+fn space_comes_back_after_deleting() {
+    if !fuse_or_skip("space_comes_back_after_deleting") {
+        return;
+    }
+    let mut m = Mounted::unmounted();
+    let out = agentfs(&["init", m.db.to_str().unwrap()]);
+    assert!(out.status.success());
+    m.mount();
+    let piece: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 % 253) as u8).collect();
+    for i in 0..40 {
+        write_file(&m.path(&format!("f{i}")), &piece).unwrap();
+    }
+    let high = db_bytes(&m.db);
+    assert!(high >= 40 << 20, "40 MiB written, database is {high} bytes");
+    for i in 0..40 {
+        fs::remove_file(m.path(&format!("f{i}"))).unwrap();
+    }
+    write_file(&m.path("small"), b"still here").unwrap();
+
+    // While mounted: once the server is idle it hands the free pages back.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while db_bytes(&m.db) > 8 << 20 {
+        assert!(
+            Instant::now() < deadline,
+            "database still {} bytes 20 s after deleting 40 MiB",
+            db_bytes(&m.db)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = agentfs(&["status"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("FREE"),
+        "status shows no free-page share:\n{text}"
+    );
+    m.unmount();
+    let after = fs::metadata(&m.db).unwrap().len();
+    assert!(
+        after < 4 << 20,
+        "after unmount the database is {after} bytes"
+    );
+    m.mount();
+    assert_eq!(fs::read(m.path("small")).unwrap(), b"still here");
+    m.unmount();
+    common::assert_consistent(&m.db);
+}
