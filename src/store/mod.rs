@@ -1187,10 +1187,16 @@ impl Store {
 
     /// Delete an orphan's rows if its nlink is 0 (no-op otherwise); call after the last FORGET.
     pub fn reap(&self, ino: Ino) -> Result<(), Errno> {
-        let out = self.write_tx(|c| {
+        let tx = |c: &rusqlite::Connection| {
             namespace::reap(c, ino)?;
             gone(c, Some(ino))
-        });
+        };
+        // It finishes an unlink the database already holds, so it runs also after a failed
+        // commit (the orphan would otherwise outlive the mount).
+        let out = match (&self.writer, self.failure.check()) {
+            (Some(w), Err(_)) => w.transact_alone(tx),
+            _ => self.write_tx(tx),
+        };
         self.forget_inodes(&[Some(ino)]);
         self.discard_dead(out?);
         Ok(())
