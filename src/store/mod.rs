@@ -1019,7 +1019,8 @@ impl Store {
         self.create_fx(parent, name, kind, caller, &Effects::NONE)
     }
 
-    /// A new name for `ino`; EPERM on directories, ENOENT for an unlinked inode.
+    /// A new name for `ino`; EPERM on directories, ENOENT for an unlinked inode other than a
+    /// regular file (the kernel sends LINK of one only for an O_TMPFILE file).
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr, Errno> {
         self.link_fx(ino, newparent, newname, &Effects::NONE)
     }
