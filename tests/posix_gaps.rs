@@ -18,11 +18,18 @@ fn cstr(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap()
 }
 
-/// open(dir, O_TMPFILE | O_RDWR, 0600).
+/// open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600): close-on-exec like every std open, so the
+/// servers other tests start do not inherit it (and keep this mount busy).
 fn tmpfile(dir: &Path) -> std::io::Result<fs::File> {
     let d = cstr(dir);
     // SAFETY: `d` is NUL-terminated and outlives the call.
-    let fd = unsafe { libc::open(d.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o600) };
+    let fd = unsafe {
+        libc::open(
+            d.as_ptr(),
+            libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
