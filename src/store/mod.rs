@@ -1296,9 +1296,13 @@ impl Store {
         let cfg = &self.config;
         let punch = mode & libc::FALLOC_FL_PUNCH_HOLE as u32 != 0;
         if !punch {
-            self.admit(space::Need::Grow(length))?;
+            self.admit(space::Need::op(0))?;
         }
-        let free = crate::sys::space::host_space(self.path()).map(|(free, _)| free);
+        // The reservation itself checks the bytes it stores against the free space, less the
+        // reserve kept for deletions (a partial-origin or inline file reserves nothing).
+        let reserve = crate::knobs::get().space_reserve_mib << 20;
+        let free = crate::sys::space::host_space(self.path())
+            .map(|(free, _)| free.saturating_sub(reserve));
         self.with_claims(
             &[ino],
             |_| true,

@@ -135,7 +135,8 @@ fn clamp(n: u64) -> i64 {
 }
 
 impl SpaceGuard {
-    /// The guard of the database at `db`, with the `AGENTFS_SPACE_*` knobs.
+    /// The guard of the database at `db`, with the knobs `AGENTFS_SPACE_RESERVE_MIB`,
+    /// `AGENTFS_SPACE_LOW_MIB` and `AGENTFS_SPACE_SAMPLE_MS`.
     pub fn new(db: &Path, k: &crate::knobs::Knobs) -> SpaceGuard {
         SpaceGuard {
             db: db.to_path_buf(),
