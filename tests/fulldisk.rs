@@ -105,22 +105,35 @@ fn full_disk_answers_enospc_and_never_undoes_an_acknowledged_operation() {
     assert_eq!(errno(&e), libc::ENOSPC, "filling the disk failed with {e}");
 
     // On the full disk: creates and mkdirs either happen or fail with ENOSPC; removals happen.
+    // The refusal that ended the fill may have handed space back (the WAL folded into the
+    // main file), so small creates go on until they too meet the reserve.
     let mut created = Vec::new();
-    for i in 0..20 {
+    let mut refused = 0;
+    for i in 0..5000 {
         let name = format!("new{i}");
         match outcome(write_file(&p(&name), b"x")) {
             Ok(()) => created.push(name),
-            Err(e) => assert_eq!(e, libc::ENOSPC, "create {name}"),
+            Err(e) => {
+                assert_eq!(e, libc::ENOSPC, "create {name}");
+                refused += 1;
+            }
         }
         let dir = format!("dir{i}");
         match outcome(fs::create_dir(p(&dir))) {
             Ok(()) => created.push(dir),
-            Err(e) => assert_eq!(e, libc::ENOSPC, "mkdir {dir}"),
+            Err(e) => {
+                assert_eq!(e, libc::ENOSPC, "mkdir {dir}");
+                refused += 1;
+            }
+        }
+        if refused >= 4 {
+            break;
         }
     }
     assert!(
-        created.len() < 40,
-        "the disk is not full: every create succeeded"
+        refused >= 4,
+        "the disk is not full: {} creates succeeded",
+        created.len()
     );
     fs::remove_file(p("keep/f0")).expect("rm on a full disk");
     fs::remove_file(p("keep/f1")).expect("rm on a full disk");

@@ -254,8 +254,7 @@ impl Overlay {
     /// synced at the end.
     pub fn execute(&self, ops: &[Op], mut each: impl FnMut(&Op)) -> Result<(), String> {
         self.check_plan(ops)?;
-        // SAFETY: geteuid has no preconditions.
-        let owners = unsafe { libc::geteuid() } == 0;
+        let owners = crate::sys::ids::is_root();
         let mut dirs = BTreeSet::new();
         for op in ops {
             each(op);
