@@ -223,6 +223,12 @@ fn agentfs_within(args: &[&str], limit: std::time::Duration) -> std::process::Ou
 /// Stop the server of `m` (SIGSTOP) with a caller stuck waiting for it inside the mount, as a
 /// hung server leaves things. Returns the caller's thread (its lookup's errno once it ends).
 fn stop_with_a_stuck_caller(m: &Mounted) -> std::thread::JoinHandle<Option<i32>> {
+    // The server's status record (how umount finds its pid) is written just after the mount
+    // appears: stop the server only once it is there.
+    let pid = m.server_pid();
+    wait_until("the server's status record is written", || {
+        agentfs::sys::registry::live().iter().any(|r| r.pid == pid)
+    });
     // SAFETY: signals a child process this test started.
     assert_eq!(
         unsafe { libc::kill(m.server_pid() as i32, libc::SIGSTOP) },
