@@ -8,6 +8,7 @@
 //! kernel can be told to forget them when their commit is lost.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
@@ -44,18 +45,24 @@ struct State {
 #[derive(Default)]
 pub struct Failure {
     state: Mutex<State>,
+    /// The sticky errno (0 while nothing was lost), readable without the lock: every WRITE
+    /// checks it.
+    sticky: AtomicI32,
     notify: OnceLock<Notify>,
 }
 
 impl Failure {
     /// Ok while nothing was lost; the sticky errno afterwards.
     pub fn check(&self) -> Result<(), Errno> {
-        self.state.lock().lost.errno.map_or(Ok(()), Err)
+        self.errno().map_or(Ok(()), Err)
     }
 
     /// The sticky errno, if any.
     pub fn errno(&self) -> Option<Errno> {
-        self.state.lock().lost.errno
+        match self.sticky.load(Ordering::Acquire) {
+            0 => None,
+            e => Some(Errno(e)),
+        }
     }
 
     /// Install the hook told about losses (once; later calls are ignored).
@@ -66,7 +73,8 @@ impl Failure {
     fn record(&self, e: Errno, add: impl FnOnce(&mut Lost)) {
         let summary = {
             let mut st = self.state.lock();
-            st.lost.errno.get_or_insert(e);
+            let first = *st.lost.errno.get_or_insert(e);
+            self.sticky.store(first.0, Ordering::Release);
             add(&mut st.lost);
             st.untold = true;
             describe(&st.lost)
