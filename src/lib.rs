@@ -13,6 +13,7 @@ pub mod errno;
 pub mod knobs;
 pub mod overlay;
 pub mod protocol;
+pub mod sandbox;
 pub mod store;
 pub mod sys;
 pub mod transport;

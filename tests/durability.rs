@@ -173,7 +173,7 @@ fn syncfs_pushes_written_pages_but_is_no_barrier_and_fsync_is() {
     // syncfs made the kernel send the dirty pages (WRITEs): another process sees them once
     // group commit committed them...
     let db = m.db.to_str().unwrap().to_string();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let out = common::agentfs(&["fs", &db, "cat", "/f"]);
         if out.stdout == b"new bytes" {
@@ -181,7 +181,10 @@ fn syncfs_pushes_written_pages_but_is_no_barrier_and_fsync_is() {
         }
         assert!(
             Instant::now() < deadline,
-            "syncfs did not push the page cache"
+            "syncfs did not push the page cache: `fs cat` printed {:?} (stderr {:?}), the mount reads {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            fs::read(m.path("f")).map(|b| String::from_utf8_lossy(&b).into_owned()),
         );
         std::thread::sleep(Duration::from_millis(50));
     }

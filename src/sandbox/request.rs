@@ -1,0 +1,84 @@
+//! What a sandbox launch asks for, fully resolved: every path absolute, defaults, the project's
+//! config.toml and the command line merged, the filesystem policy validated. The view is built
+//! from this and nothing else.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// One launch of a command in a project's sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxRequest {
+    /// The project's name (the prompt prefix and `AGENTFS_SANDBOX`).
+    pub project: String,
+    /// The project's own directory (`~/.agentfs/<name>`): run records and the live marker go here.
+    pub project_dir: PathBuf,
+    /// The real directory the project overlays, canonical; the view serves it at this path.
+    pub source: PathBuf,
+    /// The project's delta database (an overlay database whose base is `source`).
+    pub db: PathBuf,
+    /// The command and its arguments; empty runs the user's shell with a `[name]` prompt.
+    pub command: Vec<OsString>,
+    /// Where the command starts: the caller's directory when it lies inside `source`, else
+    /// `source`.
+    pub cwd: PathBuf,
+    /// The user's home directory on the host, and how the view shows it.
+    pub home_dir: PathBuf,
+    pub home: HomeMode,
+    /// Paths shown as an empty read-only file or directory of the same type (absolute; those that
+    /// do not exist are skipped).
+    pub masks: Vec<PathBuf>,
+    /// Host paths bound into the view.
+    pub binds: Vec<Bind>,
+    /// The filesystem policy, already validated (see [`Policy`]).
+    pub policy: Policy,
+    pub net: Net,
+    /// The command's whole environment (the scrubbed baseline plus `--env`), in order.
+    pub env: Vec<(OsString, OsString)>,
+}
+
+/// How the user's home appears in the view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HomeMode {
+    /// The real home, read-write.
+    Full,
+    /// The real home, read-only.
+    FullRo,
+    /// A private, empty home (a tmpfs) with nothing of the user's.
+    Empty,
+}
+
+/// A host path bound into the view at `dst` (the same path unless given).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    pub src: PathBuf,
+    pub dst: PathBuf,
+    pub writable: bool,
+}
+
+/// The network the command sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Net {
+    /// The host's network (no network namespace).
+    Host,
+    /// A new network namespace with only loopback up.
+    None,
+}
+
+/// Where the command may write. `writable` is the exact set of writable roots; everything else
+/// in the view is read-only (EROFS) apart from the private /tmp, /var/tmp and /dev/shm.
+///
+/// Without `--policy` the set is the project, every writable bind and (home mode `full`) the
+/// home. With `--policy workspace-write` it is exactly the declared `--writable-root` paths,
+/// each inside the project or a writable bind. With `--policy read-only` it is empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// The declared mode; None when no `--policy` was given.
+    pub mode: Option<PolicyMode>,
+    pub writable: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyMode {
+    ReadOnly,
+    WorkspaceWrite,
+}
