@@ -95,6 +95,8 @@ knob_table! {
         "Tests only: while the file this names exists, every COMMIT of the server fails with EIO and is rolled back, as a failing disk would make it (empty = off).";
     fault_panic: Str = "", [0, 0], Policy, "AGENTFS_FAULT_PANIC",
         "Tests only: the server panics while handling a request whose opcode (e.g. FUSE_MKDIR or mkdir) or entry name equals this value, to prove a panic is answered with EIO and serving goes on (empty = never).";
+    projects_dir: Str = "", [0, 0], Policy, "AGENTFS_PROJECTS_DIR",
+        "Directory holding one directory per project (delta.db, config.toml, runs/) and defaults.toml (empty = ~/.agentfs).";
     require_fuse: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_FUSE",
         "Tests: a missing /dev/fuse is a failure instead of a skip (CI sets 1).";
     bench_quick: Bool = false, [0, 1], Policy, "AGENTFS_BENCH_QUICK",

@@ -5,3 +5,7 @@
 //! module turns it into a view and runs the command in it.
 
 pub mod request;
+pub mod policy;
+mod stub;
+
+pub use stub::{exec, run, SandboxError};
