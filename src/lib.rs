@@ -12,6 +12,7 @@ pub mod dispatch;
 pub mod errno;
 pub mod knobs;
 pub mod overlay;
+pub mod project;
 pub mod protocol;
 pub mod sandbox;
 pub mod store;

@@ -7,30 +7,11 @@ mod common;
 use std::fs;
 use std::os::unix::fs::{chown, PermissionsExt};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::{Command, Output};
 
 use common::{fuse_or_skip, scratch_root, UnmountOnDrop};
 
 const USER: u32 = 65534;
-
-struct DevFuseMode {
-    original: u32,
-}
-
-impl DevFuseMode {
-    fn open_up() -> Self {
-        let original = fs::metadata("/dev/fuse").unwrap().permissions().mode();
-        fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o20666)).unwrap();
-        DevFuseMode { original }
-    }
-}
-
-impl Drop for DevFuseMode {
-    fn drop(&mut self) {
-        let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.original));
-    }
-}
 
 fn as_user(program: &str, args: &[&str]) -> Output {
     Command::new(program)
@@ -40,14 +21,6 @@ fn as_user(program: &str, args: &[&str]) -> Output {
         .env_remove("XDG_RUNTIME_DIR")
         .output()
         .unwrap()
-}
-
-fn readable_by_all(p: &Path) -> bool {
-    p.ancestors().skip(1).all(|a| {
-        fs::metadata(a)
-            .map(|m| m.permissions().mode() & 0o001 != 0)
-            .unwrap_or(false)
-    })
 }
 
 #[test]
@@ -64,7 +37,7 @@ fn an_ordinary_user_mounts_through_fusermount3() {
         return;
     }
     let bin = common::bin();
-    if !readable_by_all(&bin) {
+    if !common::readable_by_all(&bin) {
         eprintln!("SKIP: {} is not reachable by other users", bin.display());
         assert!(
             !agentfs::knobs::get().require_fuse,
@@ -72,7 +45,7 @@ fn an_ordinary_user_mounts_through_fusermount3() {
         );
         return;
     }
-    let _mode = DevFuseMode::open_up();
+    let _mode = common::DevFuseMode::open_up();
     let dir = tempfile::tempdir_in(scratch_root()).unwrap();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     chown(dir.path(), Some(USER), Some(USER)).unwrap();

@@ -7,7 +7,8 @@ use crate::sys::lock::{lock_db, LockError};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The overlay delta database (not while it is mounted, except with --dry-run).
+    /// The overlay delta database or a project name (not while it is mounted or its sandbox
+    /// runs, except with --dry-run).
     pub db: PathBuf,
     /// Print the steps and any conflicts, and write nothing (also while DB is mounted: it
     /// only reads, and sees what the server has committed).
@@ -19,7 +20,8 @@ pub struct Args {
     pub force: bool,
 }
 
-pub fn run(a: Args) -> super::CliResult {
+pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
+    a.db = crate::project::delta_path(&a.db, knobs).map_err(|e| e.to_string())?;
     // Held for the whole apply, so no mount of this database can start meanwhile. A dry run
     // writes nothing and may look at a mounted delta.
     let _lock = if a.dry_run {

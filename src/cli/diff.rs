@@ -9,7 +9,8 @@ use crate::delta::{Overlay, Side};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The overlay delta database (made with `agentfs init --base`); safe while mounted.
+    /// The overlay delta database (made with `agentfs init --base`) or a project name; safe
+    /// while mounted.
     pub db: PathBuf,
     /// Print only the changed paths, one per line.
     #[arg(long, conflicts_with_all = ["patch", "json"])]
@@ -28,7 +29,8 @@ fn mode_str(s: Option<&Side>) -> serde_json::Value {
     })
 }
 
-pub fn run(a: Args) -> super::CliResult {
+pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
+    a.db = crate::project::delta_path(&a.db, knobs).map_err(|e| e.to_string())?;
     let overlay = Overlay::open(&a.db)?;
     let changes = overlay.changes()?;
     let mut out = Vec::new();

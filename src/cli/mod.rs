@@ -13,6 +13,7 @@ mod materialize;
 mod migrate;
 mod mount;
 mod progress;
+mod sandbox;
 mod status;
 mod tools;
 mod umount;
@@ -29,13 +30,24 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Create a new database with the SPEC v0.5 schema.
+    /// Work on a directory in a sandbox: make (or reuse) its project and run a command or your
+    /// shell where the directory is the project's overlay at its real path.
+    Quick(sandbox::QuickArgs),
+    /// Run a command (default: your shell, prompt prefixed [NAME]) in a new sandbox of a
+    /// project; exits with the command's status.
+    Run(sandbox::RunArgs),
+    /// Run one command in a project's sandbox: the live one when there is one, else a new one
+    /// for the command's lifetime.
+    Exec(sandbox::ExecArgs),
+    /// Create a project (NAME) or a new database with the SPEC v0.5 schema (a path: one with a
+    /// `/` or ending in .db, .sqlite or .sqlite3).
     Init(init::Args),
     /// List what an overlay delta changes in its base directory (or print it as a patch).
     Diff(diff::Args),
     /// Write an overlay delta's changes into its base directory.
     Apply(apply::Args),
-    /// Mount a database (created with defaults when absent) and serve it in the background.
+    /// Mount a database (created with defaults when absent) and serve it in the background;
+    /// with a project NAME: give a new project its directory, or mount its delta.
     Mount(mount::Args),
     /// Unmount a mounted database and wait for its server's final commit.
     ///
@@ -45,7 +57,8 @@ enum Command {
     Umount(umount::Args),
     /// Read or change a database's files without mounting it (safe while mounted).
     Fs(fs::Args),
-    /// List your live mounts, their databases and server pids (--all: every user's mounts).
+    /// List your live mounts, their databases and server pids (--all: every user's mounts),
+    /// and your projects: source, delta size, live sandbox, last run.
     Status(status::Args),
     /// Check a database: SQLite integrity plus every SPEC consistency rule (exit 0 clean,
     /// 1 findings, 2 could not check).
@@ -88,13 +101,16 @@ pub fn main() -> i32 {
         init_logging(&knobs.log);
     }
     let result = match cli.command {
-        Command::Init(a) => init::run(a),
-        Command::Diff(a) => diff::run(a),
-        Command::Apply(a) => apply::run(a),
+        Command::Quick(a) => sandbox::quick(a, knobs),
+        Command::Run(a) => sandbox::run(a, knobs),
+        Command::Exec(a) => sandbox::exec(a, knobs),
+        Command::Init(a) => init::run(a, knobs),
+        Command::Diff(a) => diff::run(a, knobs),
+        Command::Apply(a) => apply::run(a, knobs),
         Command::Mount(a) => mount::run(a, knobs),
         Command::Umount(a) => umount::run(a),
         Command::Fs(a) => fs::run(a),
-        Command::Status(a) => status::run(a),
+        Command::Status(a) => status::run(a, knobs),
         Command::Integrity(a) => integrity::run(a),
         Command::Fsck(a) => fsck::run(a),
         Command::Migrate(a) => migrate::run(a),

@@ -1,4 +1,4 @@
-//! `agentfs mount DB MNT [-f] [-o opts]`
+//! `agentfs mount DB MNT [-f] [-o opts]` and `agentfs mount NAME DIR`
 
 use std::io::BufRead as _;
 use std::os::unix::process::CommandExt as _;
@@ -7,17 +7,24 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::knobs::Knobs;
+use crate::project::{self, Project, Target};
+use crate::store::overlay::{self, OverlayConfig};
 use crate::store::{InitOptions, QuickCheck, Store};
 use crate::sys::mount::{check_mount_point, MountOptions};
 use crate::transport::session::{self, PipeReady, SessionConfig};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The database; created with default settings when it does not exist.
+    /// The database (created with default settings when it does not exist), or a project
+    /// name: a database path has a `/` or ends in .db, .sqlite or .sqlite3.
     pub db: PathBuf,
     /// An existing, empty directory to mount on (-o nonempty accepts one with entries, which
-    /// the mount then hides).
+    /// the mount then hides). For a project without a directory yet: the directory it
+    /// overlays from now on (nothing is mounted).
     pub mount_point: PathBuf,
+    /// Take the first argument as a project name even where a file of that name exists here.
+    #[arg(long)]
+    pub project: bool,
     /// Stay in the foreground and serve until unmounted or interrupted (SIGINT/SIGTERM unmount).
     #[arg(short, long)]
     pub foreground: bool,
@@ -67,6 +74,14 @@ pub fn run(mut a: Args, knobs: &Knobs) -> super::CliResult {
     if a.daemon_child {
         return run_child(&a, options, knobs);
     }
+    if let Target::Project(name) =
+        project::classify(a.db.as_os_str(), a.project).map_err(|e| e.to_string())?
+    {
+        match project_delta(&name, &a.mount_point, knobs).map_err(|e| e.to_string())? {
+            Some(db) => a.db = db,
+            None => return Ok(0),
+        }
+    }
     // Check everything we can before starting a server, so errors come from this process.
     check_mount_point(&a.mount_point, options.nonempty).map_err(|e| e.to_string())?;
     if !a.db.exists() {
@@ -115,6 +130,36 @@ pub fn run(mut a: Args, knobs: &Knobs) -> super::CliResult {
         return Ok(0);
     }
     launch_background(&a)
+}
+
+/// For `mount NAME DIR`: a project with no directory yet is given `dir` (None: done, nothing to
+/// mount); otherwise its delta database is what gets mounted at `dir`, which may not lie inside
+/// the project's own directory (the server would serve its base through itself).
+fn project_delta(name: &str, dir: &Path, knobs: &Knobs) -> Result<Option<PathBuf>, project::Error> {
+    let root = project::root(knobs)?;
+    let mut p = Project::open(&root, name)?;
+    let Some(source) = p.source() else {
+        let cfg = overlay::check_base(&p.db(), dir)
+            .map(OverlayConfig::new)
+            .map_err(|e| project::Error::new("source_missing", e))?;
+        p.attach(&cfg, &InitOptions::default())?;
+        super::say(format_args!(
+            "project {name} overlays {}; enter it with: agentfs run {name}",
+            cfg.base_path.display()
+        ));
+        return Ok(None);
+    };
+    if std::fs::canonicalize(dir).is_ok_and(|d| d.starts_with(source)) {
+        return Err(project::Error::new(
+            "mount_inside_source",
+            format!(
+                "{} lies inside {}, the directory project {name} overlays: mount it elsewhere, or use agentfs run {name} to see it at its real path",
+                dir.display(),
+                source.display()
+            ),
+        ));
+    }
+    Ok(Some(p.db()))
 }
 
 /// Start `agentfs mount ... --daemon-child` in its own process group and wait for its report.

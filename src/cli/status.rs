@@ -1,24 +1,184 @@
-//! `agentfs status [--all]`
+//! `agentfs status [NAME] [--all] [--json]`
 
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::knobs::Knobs;
+use crate::project::{self, Project};
 use crate::sys::{mounts, registry};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// Show only this project (no mounts).
+    pub name: Option<String>,
     /// Also list other users' agentfs mounts (by default only the caller's own are listed).
     #[arg(long)]
     pub all: bool,
+    /// Print {"mounts": [...], "projects": [...]} as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run(a: Args) -> super::CliResult {
+pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
+    // Without a home there are no projects to list, and the mounts are still shown.
+    let root = project::root(knobs);
+    let projects: Vec<(String, Result<Project, project::Error>)> = match (&a.name, root) {
+        (Some(n), root) => {
+            let p = root.and_then(|r| Project::open(&r, n));
+            vec![(n.clone(), Ok(p.map_err(|e| e.to_string())?))]
+        }
+        (None, Ok(root)) => Project::list(&root),
+        (None, Err(_)) => Vec::new(),
+    };
+    let projects: Vec<Value> = projects
+        .into_iter()
+        .map(|(n, p)| project_json(&n, p))
+        .collect();
+    if a.json {
+        let mounts = if a.name.is_some() {
+            Vec::new()
+        } else {
+            mounts_json(a.all)
+        };
+        super::say(format_args!(
+            "{}",
+            json!({ "mounts": mounts, "projects": projects })
+        ));
+        return Ok(0);
+    }
+    if a.name.is_none() {
+        print_mounts(a.all);
+    }
+    print_projects(&projects);
+    Ok(0)
+}
+
+/// Whether process `pid` exists.
+fn alive(pid: u64) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// A JSON file's content, None when absent or unreadable.
+fn read_json(path: &Path) -> Option<Value> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// The newest run record of a project.
+fn last_run(p: &Project) -> Option<Value> {
+    let newest = std::fs::read_dir(p.runs_dir())
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .max_by_key(|e| (e.metadata().and_then(|m| m.modified()).ok(), e.file_name()))?;
+    read_json(&newest.path())
+}
+
+/// One project as JSON: name, source, delta size, the live sandbox (its pids, each checked
+/// alive), the last run record; a project whose config cannot be read gives its error.
+fn project_json(name: &str, p: Result<Project, project::Error>) -> Value {
+    let p = match p {
+        Ok(p) => p,
+        Err(e) => return json!({ "name": name, "error": e.to_string() }),
+    };
+    let live_record = read_json(&p.live_path());
+    let pids: Vec<Value> = live_record
+        .as_ref()
+        .and_then(Value::as_object)
+        .map(|o| {
+            o.iter()
+                .filter(|(k, _)| k.ends_with("pid"))
+                .filter_map(|(k, v)| v.as_u64().map(|pid| (k, pid)))
+                .map(|(k, pid)| json!({ "role": k, "pid": pid, "alive": alive(pid) }))
+                .collect()
+        })
+        .unwrap_or_default();
+    let live = pids.iter().any(|x| x["alive"] == json!(true));
+    json!({
+        "name": p.name,
+        "dir": p.dir,
+        "source": p.source(),
+        "backend": p.config.project.backend,
+        "delta_bytes": p.delta_bytes(),
+        "live": live,
+        "pids": pids,
+        "live_record": live_record,
+        "last_run": last_run(&p),
+    })
+}
+
+fn print_projects(projects: &[Value]) {
+    if projects.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "{:<20} {:>10} {:<24} SOURCE",
+        "PROJECT", "DELTA", "SANDBOX"
+    );
+    for p in projects {
+        let name = p["name"].as_str().unwrap_or("?");
+        if let Some(err) = p["error"].as_str() {
+            println!("{name:<20} {:>10} {:<24} {err}", "-", "-");
+            continue;
+        }
+        let sandbox = if p["live"] == json!(true) {
+            let pids: Vec<String> = p["pids"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|x| x["alive"] == json!(true))
+                .map(|x| x["pid"].to_string())
+                .collect();
+            format!("live, pids {}", pids.join(","))
+        } else {
+            "-".into()
+        };
+        let source = p["source"].as_str().unwrap_or("(none yet)");
+        println!(
+            "{name:<20} {:>10} {sandbox:<24} {source}",
+            p["delta_bytes"].as_u64().unwrap_or(0)
+        );
+    }
+}
+
+fn mounts_json(all: bool) -> Vec<Value> {
+    let me = crate::sys::ids::effective().0;
+    let servers = registry::live();
+    let mut out: Vec<Value> = servers
+        .iter()
+        .map(|s| {
+            json!({
+                "pid": s.pid,
+                "transport": s.transport,
+                "mount_point": s.mount_point,
+                "db": s.db,
+                "log": s.log,
+                "lost": s.lost,
+            })
+        })
+        .collect();
+    out.extend(
+        mounts::agentfs_mounts()
+            .into_iter()
+            .filter(|m| all || m.owner == Some(me))
+            .filter(|m| !servers.iter().any(|s| s.mount_point == m.mount_point))
+            .map(|m| json!({ "pid": null, "mount_point": m.mount_point, "owner": m.owner })),
+    );
+    out
+}
+
+fn print_mounts(all: bool) {
     let me = crate::sys::ids::effective().0;
     let servers = registry::live();
     let mounted: Vec<_> = mounts::agentfs_mounts()
         .into_iter()
-        .filter(|m| a.all || m.owner == Some(me))
+        .filter(|m| all || m.owner == Some(me))
         .collect();
     if servers.is_empty() && mounted.is_empty() {
         println!("no agentfs mounts");
-        return Ok(0);
+        return;
     }
     println!(
         "{:<8} {:<10} {:>12} {:>12} {:>12} {:>5} {:<30} DATABASE",
@@ -71,5 +231,4 @@ pub fn run(a: Args) -> super::CliResult {
             m.mount_point.display()
         );
     }
-    Ok(0)
 }

@@ -5,6 +5,7 @@ pub mod ops;
 
 use std::fs;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -352,4 +353,33 @@ pub fn settled_record(pid: u32) -> agentfs::sys::registry::ServerRecord {
         last = now;
     }
     panic!("the status record of server {pid} never settled");
+}
+
+/// /dev/fuse opened to every user for the life of the value (it is root-only on this kind of
+/// machine), then restored.
+pub struct DevFuseMode {
+    original: u32,
+}
+
+impl DevFuseMode {
+    pub fn open_up() -> Self {
+        let original = fs::metadata("/dev/fuse").unwrap().permissions().mode();
+        fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o20666)).unwrap();
+        DevFuseMode { original }
+    }
+}
+
+impl Drop for DevFuseMode {
+    fn drop(&mut self) {
+        let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.original));
+    }
+}
+
+/// Whether every directory above `p` lets other users through.
+pub fn readable_by_all(p: &Path) -> bool {
+    p.ancestors().skip(1).all(|a| {
+        fs::metadata(a)
+            .map(|m| m.permissions().mode() & 0o001 != 0)
+            .unwrap_or(false)
+    })
 }

@@ -1,0 +1,239 @@
+//! `agentfs quick DIR`, `agentfs run NAME`, `agentfs exec NAME -- CMD`: a command in a
+//! project's sandbox. A refusal before launch is `agentfs: <code>: <message>` and exit status
+//! 125; otherwise the status is the command's (128+N when a signal N killed it).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use crate::knobs::Knobs;
+use crate::project::config::{HomeName, NetName, PolicyName, Settings};
+use crate::project::{self, launch, Error, Project};
+use crate::store::overlay::{self, OverlayConfig};
+use crate::store::InitOptions;
+
+/// Exit status of a launch refused before the command started.
+pub const REFUSED: i32 = 125;
+
+/// The flags every launch takes; config.toml and defaults.toml supply the same keys (flags win,
+/// lists add up).
+#[derive(clap::Args, Debug, Default)]
+pub struct LaunchFlags {
+    /// How the home appears: full (read-write), full-ro (read-only) or empty (a private one).
+    #[arg(long, value_enum)]
+    pub home: Option<HomeName>,
+    /// Also mask PATH (shown as an empty read-only file or directory); repeatable.
+    #[arg(long = "mask", value_name = "PATH")]
+    pub masks: Vec<String>,
+    /// Bind host SRC read-write at DST (default: the same path); repeatable.
+    #[arg(long = "bind", value_name = "SRC[:DST]")]
+    pub binds: Vec<String>,
+    /// Bind host SRC read-only at DST (default: the same path); repeatable.
+    #[arg(long = "ro-bind", value_name = "SRC[:DST]")]
+    pub ro_binds: Vec<String>,
+    /// Let the command read host PATH (a read-only bind at the same path); repeatable.
+    #[arg(long = "allow-host-read", value_name = "PATH")]
+    pub allow_host_read: Vec<String>,
+    /// The network: host (the host's) or none (only loopback).
+    #[arg(long, value_enum)]
+    pub net: Option<NetName>,
+    /// Set K=V in the command's environment, or pass the caller's K through; repeatable.
+    #[arg(long = "env", value_name = "K[=V]")]
+    pub env: Vec<String>,
+    /// Filesystem policy: read-only (nothing writable) or workspace-write (only the
+    /// --writable-root paths).
+    #[arg(long, value_enum)]
+    pub policy: Option<PolicyName>,
+    /// A path the command may write (absolute, inside the project or a --bind); repeatable;
+    /// implies --policy workspace-write.
+    #[arg(long = "writable-root", value_name = "PATH")]
+    pub writable_roots: Vec<PathBuf>,
+}
+
+impl LaunchFlags {
+    fn into_settings(self) -> Settings {
+        let mut s = Settings::default();
+        s.home.mode = self.home;
+        s.sandbox.masks = self.masks;
+        s.sandbox.binds = self.binds;
+        s.sandbox.ro_binds = self.ro_binds;
+        s.sandbox.ro_binds.extend(self.allow_host_read);
+        s.sandbox.env = self.env;
+        s.sandbox.net = self.net;
+        s.policy.mode = self.policy;
+        s.policy.writable_roots = self.writable_roots;
+        s
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct QuickArgs {
+    /// The directory to work on (its project is made on first use and reused after).
+    pub dir: PathBuf,
+    /// The project's name (default: the directory's basename); another name makes another
+    /// project of the same directory.
+    #[arg(long)]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub launch: LaunchFlags,
+    /// The command and its arguments (default: your shell).
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The project.
+    pub name: String,
+    #[command(flatten)]
+    pub launch: LaunchFlags,
+    /// The command and its arguments (default: your shell, its prompt prefixed [NAME]).
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ExecArgs {
+    /// The project.
+    pub name: String,
+    #[command(flatten)]
+    pub launch: LaunchFlags,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// Which launch: a new sandbox, or the live one when there is one.
+#[derive(Clone, Copy)]
+enum How {
+    Run,
+    Exec,
+}
+
+/// Print a refusal and give the refusal's status.
+fn refuse(e: &Error) -> i32 {
+    eprintln!("agentfs: {e}");
+    REFUSED
+}
+
+pub fn quick(a: QuickArgs, knobs: &Knobs) -> super::CliResult {
+    Ok(match quick_project(&a.dir, a.name.as_deref(), knobs) {
+        Ok((project, created)) => {
+            if created {
+                eprintln!(
+                    "agentfs: project {} made for {} (in {})",
+                    project.name,
+                    project.source().unwrap_or(&a.dir).display(),
+                    project.dir.display()
+                );
+            }
+            launch(&project, a.launch, a.command, How::Run, knobs)
+        }
+        Err(e) => refuse(&e),
+    })
+}
+
+/// The project of `dir`: the one named `name` (or the directory's basename), made when absent.
+/// An unnamed call reuses any project of the same directory; a name taken by a project of
+/// another directory is refused.
+fn quick_project(
+    dir: &std::path::Path,
+    name: Option<&str>,
+    knobs: &Knobs,
+) -> Result<(Project, bool), Error> {
+    let root = project::root(knobs)?;
+    let source = std::fs::canonicalize(dir)
+        .ok()
+        .filter(|p| p.is_dir())
+        .ok_or_else(|| {
+            Error::new(
+                "source_missing",
+                format!("{} is not a directory", dir.display()),
+            )
+        })?;
+    if name.is_none() {
+        if let Some(p) = Project::find_by_source(&root, &source) {
+            return Ok((p, false));
+        }
+    }
+    let name = match name {
+        Some(n) => n.to_string(),
+        None => project::name_for_dir(&source)?,
+    };
+    match Project::open(&root, &name) {
+        Ok(p) if p.source() == Some(source.as_path()) => return Ok((p, false)),
+        Ok(p) => {
+            return Err(Error::new(
+                "name_taken",
+                format!(
+                    "project {name} belongs to {}; choose another with --name",
+                    p.source()
+                        .map_or("no directory yet".into(), |s| s.display().to_string())
+                ),
+            ))
+        }
+        Err(e) if e.code == "no_project" => {}
+        Err(e) => return Err(e),
+    }
+    let mut p = Project::create(&root, &name)?;
+    let cfg = overlay::check_base(&p.db(), &source)
+        .map(OverlayConfig::new)
+        .map_err(|e| Error::new("delta_create", e));
+    if let Err(e) = cfg.and_then(|cfg| p.attach(&cfg, &InitOptions::default())) {
+        let _ = std::fs::remove_dir_all(&p.dir);
+        return Err(e);
+    }
+    Ok((p, true))
+}
+
+pub fn run(a: RunArgs, knobs: &Knobs) -> super::CliResult {
+    Ok(open_and_launch(&a.name, a.launch, a.command, How::Run, knobs))
+}
+
+pub fn exec(a: ExecArgs, knobs: &Knobs) -> super::CliResult {
+    Ok(open_and_launch(&a.name, a.launch, a.command, How::Exec, knobs))
+}
+
+fn open_and_launch(
+    name: &str,
+    flags: LaunchFlags,
+    command: Vec<OsString>,
+    how: How,
+    knobs: &Knobs,
+) -> i32 {
+    let opened = project::root(knobs).and_then(|root| Project::open(&root, name));
+    match opened {
+        Ok(p) => launch(&p, flags, command, how, knobs),
+        Err(e) => refuse(&e),
+    }
+}
+
+/// Merge defaults, config and flags, build the request and launch it.
+fn launch(
+    project: &Project,
+    flags: LaunchFlags,
+    command: Vec<OsString>,
+    how: How,
+    knobs: &Knobs,
+) -> i32 {
+    let req = project::root(knobs).and_then(|root| {
+        let mut settings = project::defaults(&root)?;
+        settings.merge(project.config.settings());
+        settings.merge(flags.into_settings());
+        launch::request(project, &root, settings, command)
+    });
+    let req = match req {
+        Ok(r) => r,
+        Err(e) => return refuse(&e),
+    };
+    let started = match how {
+        How::Run => crate::sandbox::run(&req, knobs),
+        How::Exec => crate::sandbox::exec(&req, knobs),
+    };
+    match started {
+        Ok(status) => status,
+        Err(e) => {
+            eprintln!("agentfs: {}: {e}", e.code());
+            REFUSED
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! Projects at the command line: `quick` makes and reuses them, `init`/`mount` with a name,
+//! the rule that tells a project name from a database path, config.toml and defaults.toml
+//! errors, refusals before launch, and `status --json`. Most run both as root and as an
+//! ordinary user (65534) with a home of its own.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{chown, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use common::{fuse_or_skip, scratch_root, UnmountOnDrop};
+
+const USER: u32 = 65534;
+
+/// A scratch tree with a home and a source directory, and the agentfs command run in it as
+/// root or as `USER`, with HOME pointing into it (projects go to the default ~/.agentfs).
+struct World {
+    _tmp: tempfile::TempDir,
+    base: PathBuf,
+    home: PathBuf,
+    user: Option<u32>,
+}
+
+impl World {
+    fn new(user: Option<u32>) -> Self {
+        let tmp = tempfile::tempdir_in(scratch_root()).unwrap();
+        let base = fs::canonicalize(tmp.path()).unwrap();
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
+        let home = base.join("home");
+        fs::create_dir(&home).unwrap();
+        let w = World {
+            _tmp: tmp,
+            base,
+            home,
+            user,
+        };
+        w.own(&w.base.clone());
+        w.own(&w.home.clone());
+        w
+    }
+
+    /// Give `p` to the world's user.
+    fn own(&self, p: &Path) {
+        if let Some(u) = self.user {
+            chown(p, Some(u), Some(u)).unwrap();
+        }
+    }
+
+    /// A directory under the world, owned by its user, with one file.
+    fn source(&self, rel: &str) -> PathBuf {
+        let d = self.base.join(rel);
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("README"), b"hello\n").unwrap();
+        for p in [d.clone(), d.join("README")] {
+            self.own(&p);
+        }
+        self.own(d.parent().unwrap());
+        d
+    }
+
+    fn root(&self) -> PathBuf {
+        self.home.join(".agentfs")
+    }
+
+    fn cmd(&self, program: &Path, args: &[&str]) -> Output {
+        let mut c = Command::new(program);
+        c.args(args)
+            .current_dir(&self.base)
+            .env("HOME", &self.home)
+            .env_remove("AGENTFS_PROJECTS_DIR")
+            .stdin(Stdio::null());
+        if let Some(u) = self.user {
+            c.uid(u).gid(u).env_remove("XDG_RUNTIME_DIR");
+        }
+        c.output().unwrap()
+    }
+
+    fn af(&self, args: &[&str]) -> Output {
+        self.cmd(&common::bin(), args)
+    }
+}
+
+fn err(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A refusal: exit status `status`, one line on stderr carrying `code`.
+fn refused(o: &Output, status: i32, code: &str) {
+    let e = err(o);
+    assert_eq!(o.status.code(), Some(status), "{e}");
+    assert!(e.contains(&format!("agentfs: {code}: ")), "{e}");
+    assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+}
+
+/// A launch either ran (status 0) or met the stand-in launch; both mean the project side did
+/// its part.
+fn launched(o: &Output) {
+    assert!(
+        o.status.success() || err(o).contains("not_built"),
+        "status {:?}: {}",
+        o.status,
+        err(o)
+    );
+}
+
+/// The projects `status --json` lists, as (name, source).
+fn listed(w: &World) -> Vec<(String, String)> {
+    let out = w.af(&["status", "--json"]);
+    assert!(out.status.success(), "{}", err(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["source"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Whether an ordinary user can run the test binary here.
+fn user_can_run(test: &str) -> bool {
+    let ok = common::readable_by_all(&common::bin()) && common::readable_by_all(&scratch_root());
+    if !ok {
+        eprintln!("SKIP {test}: the build tree is not reachable by other users");
+        assert!(!agentfs::knobs::get().require_fuse, "the build tree must be world-readable");
+    }
+    ok && agentfs::sys::ids::is_root()
+}
+
+fn quick_makes_reuses_and_names(w: &World) {
+    let api = w.source("code/api");
+    let api_s = api.to_str().unwrap();
+    launched(&w.af(&["quick", api_s, "--", "true"]));
+    assert!(w.root().join("api/config.toml").is_file());
+    assert!(w.root().join("api/delta.db").is_file());
+    assert_eq!(listed(w), vec![("api".into(), api_s.into())]);
+    // Again, also through another spelling of the same directory: the same project.
+    launched(&w.af(&["quick", "code/api/", "--", "true"]));
+    assert_eq!(listed(w).len(), 1);
+    // --name makes a second project of the same directory, and reuses it after.
+    launched(&w.af(&["quick", api_s, "--name", "api-2", "--", "true"]));
+    launched(&w.af(&["quick", api_s, "--name", "api-2", "--", "true"]));
+    assert_eq!(
+        listed(w),
+        vec![("api".into(), api_s.into()), ("api-2".into(), api_s.into())]
+    );
+    // Another directory with the same basename may not take the name.
+    let other = w.source("other/api");
+    refused(
+        &w.af(&["quick", other.to_str().unwrap(), "--", "true"]),
+        125,
+        "name_taken",
+    );
+    refused(
+        &w.af(&["quick", other.to_str().unwrap(), "--name", "api-2"]),
+        125,
+        "name_taken",
+    );
+    refused(&w.af(&["quick", "no/such/dir"]), 125, "source_missing");
+    refused(&w.af(&["quick", api_s, "--name", "x/y"]), 125, "bad_name");
+    assert_eq!(listed(w).len(), 2);
+    // The real directory is untouched by all of it.
+    assert_eq!(fs::read_dir(&api).unwrap().count(), 1);
+    let out = w.af(&["status", "api"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(api_s));
+    refused(&w.af(&["status", "nope"]), 1, "no_project");
+}
+
+#[test]
+fn quick_makes_a_project_reuses_it_and_names_a_second() {
+    quick_makes_reuses_and_names(&World::new(None));
+}
+
+#[test]
+fn quick_as_an_ordinary_user() {
+    if !user_can_run("quick_as_an_ordinary_user") {
+        return;
+    }
+    let w = World::new(Some(USER));
+    quick_makes_reuses_and_names(&w);
+    let md = fs::metadata(w.root().join("api")).unwrap();
+    assert_eq!(md.permissions().mode() & 0o777, 0o700);
+    use std::os::unix::fs::MetadataExt as _;
+    assert_eq!(md.uid(), USER);
+}
+
+#[test]
+fn a_name_or_a_database_path() {
+    let w = World::new(None);
+    // A bare word that is also a file here is refused, never guessed.
+    fs::write(w.base.join("notes"), b"").unwrap();
+    refused(&w.af(&["init", "notes"]), 1, "ambiguous_name");
+    refused(&w.af(&["mount", "notes", "/tmp"]), 1, "ambiguous_name");
+    refused(&w.af(&["diff", "notes"]), 1, "ambiguous_name");
+    // --project takes it as a name.
+    let out = w.af(&["init", "--project", "notes"]);
+    assert!(out.status.success(), "{}", err(&out));
+    assert!(w.root().join("notes/config.toml").is_file());
+    // Database endings and slashes make paths: a database file is created as before.
+    for db in ["x.db", "./plain", "y.sqlite3"] {
+        let out = w.af(&["init", db]);
+        assert!(out.status.success(), "{db}: {}", err(&out));
+        assert!(w.base.join(db).is_file(), "{db}");
+    }
+    assert_eq!(
+        listed(&w),
+        vec![("notes".to_string(), String::new())],
+        "no project for a path"
+    );
+    refused(&w.af(&["init", "notes", "--project"]), 1, "project_exists");
+    refused(&w.af(&["run", "nothing", "--", "true"]), 125, "no_project");
+    refused(&w.af(&["run", "notes", "--", "true"]), 125, "no_source");
+    fs::remove_file(w.base.join("notes")).unwrap();
+    refused(&w.af(&["diff", "notes"]), 1, "no_source");
+}
+
+/// `init NAME` then `mount NAME DIR` gives the project its directory; a second `mount NAME MNT`
+/// mounts its delta: writes land in the delta, `diff NAME` shows them, the source is untouched.
+fn init_mount_write_diff(w: &World) {
+    let src = w.source("src/web");
+    let mnt = w.base.join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    w.own(&mnt);
+    let (src_s, mnt_s) = (src.to_str().unwrap(), mnt.to_str().unwrap());
+    let out = w.af(&["init", "web"]);
+    assert!(out.status.success(), "{}", err(&out));
+    // The first mount gives the project its directory (nothing is mounted).
+    let out = w.af(&["mount", "web", "src/web"]);
+    assert!(out.status.success(), "{}", err(&out));
+    assert!(!common::is_mounted(&src));
+    assert_eq!(listed(w), vec![("web".into(), src_s.into())]);
+    // The directory itself cannot be a mount point of its own delta.
+    refused(&w.af(&["mount", "web", src_s]), 1, "mount_inside_source");
+    let out = w.af(&["mount", "web", mnt_s]);
+    assert!(out.status.success(), "{}", err(&out));
+    let _cleanup = UnmountOnDrop(mnt.clone());
+    assert!(common::is_mounted(&mnt));
+    let sh = Path::new("/bin/sh");
+    let script = format!("cat {mnt_s}/README && echo new > {mnt_s}/new.txt && echo more >> {mnt_s}/README");
+    let out = w.cmd(sh, &["-c", &script]);
+    assert!(out.status.success(), "{}", err(&out));
+    assert_eq!(out.stdout, b"hello\n");
+    let out = w.af(&["umount", mnt_s]);
+    assert!(out.status.success(), "{}", err(&out));
+    assert!(!common::is_mounted(&mnt));
+    let out = w.af(&["diff", "web", "--name-only"]);
+    assert!(out.status.success(), "{}", err(&out));
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["/README", "/new.txt"]);
+    // The real directory is exactly as it was.
+    assert_eq!(fs::read(src.join("README")).unwrap(), b"hello\n");
+    assert_eq!(fs::read_dir(&src).unwrap().count(), 1);
+    common::assert_consistent(&w.root().join("web/delta.db"));
+    // `init NAME --source DIR` is the one-step form.
+    let out = w.af(&["init", "web2", "--source", src_s]);
+    assert!(out.status.success(), "{}", err(&out));
+    refused(&w.af(&["init", "web2", "--source", src_s]), 1, "project_exists");
+    assert_eq!(listed(w).len(), 2);
+}
+
+#[test]
+fn init_and_mount_a_project() {
+    if !fuse_or_skip("init_and_mount_a_project") {
+        return;
+    }
+    init_mount_write_diff(&World::new(None));
+}
+
+#[test]
+fn init_and_mount_a_project_as_an_ordinary_user() {
+    let test = "init_and_mount_a_project_as_an_ordinary_user";
+    if !fuse_or_skip(test) || !user_can_run(test) {
+        return;
+    }
+    if Command::new("fusermount3").arg("-V").output().is_err() {
+        assert!(!agentfs::knobs::get().require_fuse, "fusermount3 is required");
+        eprintln!("SKIP {test}: fusermount3 not installed");
+        return;
+    }
+    let _mode = common::DevFuseMode::open_up();
+    init_mount_write_diff(&World::new(Some(USER)));
+}
+
+#[test]
+fn bad_config_and_defaults_are_named_one_line_errors() {
+    let w = World::new(None);
+    let src = w.source("svc");
+    launched(&w.af(&["quick", src.to_str().unwrap(), "--", "true"]));
+    let defaults = w.root().join("defaults.toml");
+    fs::write(&defaults, "[home]\nmode = \"half\"\n").unwrap();
+    let out = w.af(&["run", "svc", "--", "true"]);
+    refused(&out, 125, "config_invalid");
+    assert!(err(&out).contains("defaults.toml line 2 (`mode = \"half\"`)"), "{}", err(&out));
+    fs::write(&defaults, "[home]\nmode = \"full-ro\"\n[sandbox]\nmasks = [\"~/.secret\"]\n").unwrap();
+    launched(&w.af(&["run", "svc", "--", "true"]));
+    let config = w.root().join("svc/config.toml");
+    let mut text = fs::read_to_string(&config).unwrap();
+    text.push_str("\n[sandbox2]\nx = 1\n");
+    fs::write(&config, &text).unwrap();
+    let out = w.af(&["run", "svc", "--", "true"]);
+    refused(&out, 125, "config_invalid");
+    assert!(err(&out).contains("config.toml line"), "{}", err(&out));
+    // status names the broken project and goes on.
+    let out = w.af(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let e = v["projects"][0]["error"].as_str().unwrap();
+    assert!(e.starts_with("config_invalid: "), "{e}");
+}
+
+#[test]
+fn a_policy_that_cannot_hold_refuses_before_anything_runs() {
+    let w = World::new(None);
+    let src = w.source("repo");
+    let ran = w.base.join("ran");
+    let touch = format!("/usr/bin/touch {}", ran.display());
+    launched(&w.af(&["quick", src.to_str().unwrap(), "--", "true"]));
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--policy".into(), "workspace-write".into()], "policy_empty"),
+        (
+            vec!["--policy".into(), "read-only".into(), "--writable-root".into(), src.display().to_string()],
+            "policy_contradiction",
+        ),
+        (vec!["--writable-root".into(), "repo".into()], "policy_not_absolute"),
+        (vec!["--writable-root".into(), format!("{}X", src.display())], "policy_outside_roots"),
+        (vec!["--writable-root".into(), format!("{}/../repo", src.display())], "policy_dotdot"),
+        (
+            vec!["--writable-root".into(), src.display().to_string(), "--writable-root".into(), "/etc".into()],
+            "policy_outside_roots",
+        ),
+        (vec!["--bind".into(), "/no/such".into()], "bind_missing"),
+        (vec!["--env".into(), "=x".into()], "bad_env"),
+    ];
+    for (flags, code) in cases {
+        let mut args = vec!["run", "repo"];
+        args.extend(flags.iter().map(String::as_str));
+        args.extend(["--", "sh", "-c", &touch]);
+        refused(&w.af(&args), 125, code);
+        assert!(!ran.exists(), "{code}: the command ran");
+    }
+    // A home that is not writable (full-ro) is no allowed root.
+    let home_root = w.home.join("x").display().to_string();
+    let args = ["run", "repo", "--home", "full-ro", "--writable-root", &home_root, "--", "true"];
+    refused(&w.af(&args), 125, "policy_outside_roots");
+}
