@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod ops;
+pub mod world;
 
 use std::fs;
 use std::os::fd::AsRawFd;

@@ -1,0 +1,138 @@
+//! A scratch world for project and sandbox tests: a home, source directories, and agentfs run
+//! in it as root or as an ordinary user.
+
+use std::fs;
+use std::os::unix::fs::{chown, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use super::scratch_root;
+
+pub const USER: u32 = 65534;
+
+/// A scratch tree with a home and a source directory, and the agentfs command run in it as
+/// root or as `USER`, with HOME pointing into it (projects go to the default ~/.agentfs).
+pub struct World {
+    _tmp: tempfile::TempDir,
+    pub base: PathBuf,
+    pub home: PathBuf,
+    pub user: Option<u32>,
+}
+
+impl World {
+    pub fn new(user: Option<u32>) -> Self {
+        let tmp = tempfile::tempdir_in(scratch_root()).unwrap();
+        let base = fs::canonicalize(tmp.path()).unwrap();
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
+        let home = base.join("home");
+        fs::create_dir(&home).unwrap();
+        let w = World {
+            _tmp: tmp,
+            base,
+            home,
+            user,
+        };
+        w.own(&w.base.clone());
+        w.own(&w.home.clone());
+        w
+    }
+
+    /// Give `p` to the world's user.
+    pub fn own(&self, p: &Path) {
+        if let Some(u) = self.user {
+            chown(p, Some(u), Some(u)).unwrap();
+        }
+    }
+
+    /// A directory under the world, owned by its user, with one file.
+    pub fn source(&self, rel: &str) -> PathBuf {
+        let d = self.base.join(rel);
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("README"), b"hello\n").unwrap();
+        for p in [d.clone(), d.join("README")] {
+            self.own(&p);
+        }
+        self.own(d.parent().unwrap());
+        d
+    }
+
+    pub fn root(&self) -> PathBuf {
+        self.home.join(".agentfs")
+    }
+
+    /// `program` with `args`, run in the world (its base as working directory, its home, its
+    /// user), standard input empty.
+    pub fn command(&self, program: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new(program);
+        c.args(args)
+            .current_dir(&self.base)
+            .env("HOME", &self.home)
+            .env_remove("AGENTFS_PROJECTS_DIR")
+            .stdin(Stdio::null());
+        if let Some(u) = self.user {
+            c.uid(u).gid(u).env_remove("XDG_RUNTIME_DIR");
+        }
+        c
+    }
+
+    pub fn cmd(&self, program: &Path, args: &[&str]) -> Output {
+        self.command(program, args).output().unwrap()
+    }
+
+    pub fn af(&self, args: &[&str]) -> Output {
+        self.cmd(&super::bin(), args)
+    }
+}
+
+pub fn err(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A refusal: exit status `status`, one line on stderr carrying `code`.
+pub fn refused(o: &Output, status: i32, code: &str) {
+    let e = err(o);
+    assert_eq!(o.status.code(), Some(status), "{e}");
+    assert!(e.contains(&format!("agentfs: {code}: ")), "{e}");
+    assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+}
+
+/// A launch either ran (status 0) or met the stand-in launch; both mean the project side did
+/// its part.
+pub fn launched(o: &Output) {
+    assert!(
+        o.status.success() || err(o).contains("not_built"),
+        "status {:?}: {}",
+        o.status,
+        err(o)
+    );
+}
+
+/// The projects `status --json` lists, as (name, source).
+pub fn listed(w: &World) -> Vec<(String, String)> {
+    let out = w.af(&["status", "--json"]);
+    assert!(out.status.success(), "{}", err(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["source"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Whether an ordinary user can run the test binary here.
+pub fn user_can_run(test: &str) -> bool {
+    let ok = super::readable_by_all(&super::bin()) && super::readable_by_all(&scratch_root());
+    if !ok {
+        eprintln!("SKIP {test}: the build tree is not reachable by other users");
+        assert!(!agentfs::knobs::get().require_fuse, "the build tree must be world-readable");
+    }
+    ok && agentfs::sys::ids::is_root()
+}
+
