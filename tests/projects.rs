@@ -122,7 +122,8 @@ fn init_mount_write_diff(w: &World) {
     let _cleanup = UnmountOnDrop(mnt.clone());
     assert!(common::is_mounted(&mnt));
     let sh = Path::new("/bin/sh");
-    let script = format!("cat {mnt_s}/README && echo new > {mnt_s}/new.txt && echo more >> {mnt_s}/README");
+    let script =
+        format!("cat {mnt_s}/README && echo new > {mnt_s}/new.txt && echo more >> {mnt_s}/README");
     let out = w.cmd(sh, &["-c", &script]);
     assert!(out.status.success(), "{}", err(&out));
     assert_eq!(out.stdout, b"hello\n");
@@ -144,7 +145,11 @@ fn init_mount_write_diff(w: &World) {
     // `init NAME --source DIR` is the one-step form.
     let out = w.af(&["init", "web2", "--source", src_s]);
     assert!(out.status.success(), "{}", err(&out));
-    refused(&w.af(&["init", "web2", "--source", src_s]), 1, "project_exists");
+    refused(
+        &w.af(&["init", "web2", "--source", src_s]),
+        1,
+        "project_exists",
+    );
     assert_eq!(listed(w).len(), 2);
 }
 
@@ -163,7 +168,10 @@ fn init_and_mount_a_project_as_an_ordinary_user() {
         return;
     }
     if Command::new("fusermount3").arg("-V").output().is_err() {
-        assert!(!agentfs::knobs::get().require_fuse, "fusermount3 is required");
+        assert!(
+            !agentfs::knobs::get().require_fuse,
+            "fusermount3 is required"
+        );
         eprintln!("SKIP {test}: fusermount3 not installed");
         return;
     }
@@ -180,8 +188,16 @@ fn bad_config_and_defaults_are_named_one_line_errors() {
     fs::write(&defaults, "[home]\nmode = \"half\"\n").unwrap();
     let out = w.af(&["run", "svc", "--", "true"]);
     refused(&out, 125, "config_invalid");
-    assert!(err(&out).contains("defaults.toml line 2 (`mode = \"half\"`)"), "{}", err(&out));
-    fs::write(&defaults, "[home]\nmode = \"full-ro\"\n[sandbox]\nmasks = [\"~/.secret\"]\n").unwrap();
+    assert!(
+        err(&out).contains("defaults.toml line 2 (`mode = \"half\"`)"),
+        "{}",
+        err(&out)
+    );
+    fs::write(
+        &defaults,
+        "[home]\nmode = \"full-ro\"\n[sandbox]\nmasks = [\"~/.secret\"]\n",
+    )
+    .unwrap();
     launched(&w.af(&["run", "svc", "--", "true"]));
     let config = w.root().join("svc/config.toml");
     let mut text = fs::read_to_string(&config).unwrap();
@@ -205,16 +221,41 @@ fn a_policy_that_cannot_hold_refuses_before_anything_runs() {
     let touch = format!("/usr/bin/touch {}", ran.display());
     launched(&w.af(&["quick", src.to_str().unwrap(), "--", "true"]));
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["--policy".into(), "workspace-write".into()], "policy_empty"),
         (
-            vec!["--policy".into(), "read-only".into(), "--writable-root".into(), src.display().to_string()],
+            vec!["--policy".into(), "workspace-write".into()],
+            "policy_empty",
+        ),
+        (
+            vec![
+                "--policy".into(),
+                "read-only".into(),
+                "--writable-root".into(),
+                src.display().to_string(),
+            ],
             "policy_contradiction",
         ),
-        (vec!["--writable-root".into(), "repo".into()], "policy_not_absolute"),
-        (vec!["--writable-root".into(), format!("{}X", src.display())], "policy_outside_roots"),
-        (vec!["--writable-root".into(), format!("{}/../repo", src.display())], "policy_dotdot"),
         (
-            vec!["--writable-root".into(), src.display().to_string(), "--writable-root".into(), "/etc".into()],
+            vec!["--writable-root".into(), "repo".into()],
+            "policy_not_absolute",
+        ),
+        (
+            vec!["--writable-root".into(), format!("{}X", src.display())],
+            "policy_outside_roots",
+        ),
+        (
+            vec![
+                "--writable-root".into(),
+                format!("{}/../repo", src.display()),
+            ],
+            "policy_dotdot",
+        ),
+        (
+            vec![
+                "--writable-root".into(),
+                src.display().to_string(),
+                "--writable-root".into(),
+                "/etc".into(),
+            ],
             "policy_outside_roots",
         ),
         (vec!["--bind".into(), "/no/such".into()], "bind_missing"),
@@ -229,6 +270,15 @@ fn a_policy_that_cannot_hold_refuses_before_anything_runs() {
     }
     // A home that is not writable (full-ro) is no allowed root.
     let home_root = w.home.join("x").display().to_string();
-    let args = ["run", "repo", "--home", "full-ro", "--writable-root", &home_root, "--", "true"];
+    let args = [
+        "run",
+        "repo",
+        "--home",
+        "full-ro",
+        "--writable-root",
+        &home_root,
+        "--",
+        "true",
+    ];
     refused(&w.af(&args), 125, "policy_outside_roots");
 }

@@ -44,7 +44,11 @@ fn snapshot(dir: &Path) -> Vec<(String, u32, Vec<u8>)> {
         for e in fs::read_dir(&d).unwrap().flatten() {
             let p = e.path();
             let md = fs::symlink_metadata(&p).unwrap();
-            let body = if md.is_file() { fs::read(&p).unwrap() } else { Vec::new() };
+            let body = if md.is_file() {
+                fs::read(&p).unwrap()
+            } else {
+                Vec::new()
+            };
             if md.is_dir() {
                 stack.push(p.clone());
             }
@@ -75,12 +79,19 @@ fn exit_statuses(w: &World, test: &str) {
     }
     let o = w.af(&["exec", "proj", "--", "sh", "-c", "exit 5"]);
     assert_eq!(o.status.code(), Some(5), "{}", err(&o));
-    assert!(host_mounts_of(&src).is_empty(), "{:?}", host_mounts_of(&src));
+    assert!(
+        host_mounts_of(&src).is_empty(),
+        "{:?}",
+        host_mounts_of(&src)
+    );
 }
 
 #[test]
 fn exit_statuses_propagate_and_nothing_stays_mounted() {
-    exit_statuses(&World::new(None), "exit_statuses_propagate_and_nothing_stays_mounted");
+    exit_statuses(
+        &World::new(None),
+        "exit_statuses_propagate_and_nothing_stays_mounted",
+    );
 }
 
 #[test]
@@ -111,7 +122,14 @@ fn writes_land_in_the_delta_and_the_host_tree_is_untouched() {
     names.sort();
     assert_eq!(names, vec!["/README", "/new.txt", "/sub/f"]);
     // A second run sees the first one's work.
-    let o = w.af(&["run", "app", "--", "sh", "-c", "cat new.txt; test ! -e README"]);
+    let o = w.af(&[
+        "run",
+        "app",
+        "--",
+        "sh",
+        "-c",
+        "cat new.txt; test ! -e README",
+    ]);
     assert_eq!(stdout(&o), "new\n", "{}", err(&o));
     let i = w.af(&["integrity", w.root().join("app/delta.db").to_str().unwrap()]);
     assert!(i.status.success(), "{}", err(&i));
@@ -141,7 +159,12 @@ fn the_shell_prompt_is_prefixed() {
     if !started(test, &o) {
         return;
     }
-    assert!(stdout(&o).contains("P=[shellproj] mine$  S=shellproj"), "{}{}", stdout(&o), err(&o));
+    assert!(
+        stdout(&o).contains("P=[shellproj] mine$  S=shellproj"),
+        "{}{}",
+        stdout(&o),
+        err(&o)
+    );
     assert_eq!(o.status.code(), Some(7));
 }
 
@@ -152,9 +175,22 @@ fn the_environment_is_scrubbed() {
     let src = w.source("envproj");
     let mut c = w.command(
         &common::bin(),
-        &["quick", src.to_str().unwrap(), "--env", "X=1", "--env", "KEEP", "--", "env"],
+        &[
+            "quick",
+            src.to_str().unwrap(),
+            "--env",
+            "X=1",
+            "--env",
+            "KEEP",
+            "--",
+            "env",
+        ],
     );
-    let o = c.env("SECRET_TOKEN", "s").env("KEEP", "k").output().unwrap();
+    let o = c
+        .env("SECRET_TOKEN", "s")
+        .env("KEEP", "k")
+        .output()
+        .unwrap();
     if !started(test, &o) {
         return;
     }
@@ -195,7 +231,104 @@ fn the_policy_leaves_everything_else_read_only_and_masks_hold() {
     }
     assert!(o.status.success(), "{}", err(&o));
     assert_eq!(stdout(&o), "tmp-ok\n", "{}", err(&o));
-    assert!(!Path::new("/tmp/agentfs-sandbox-cli-private").exists(), "/tmp is shared");
+    assert!(
+        !Path::new("/tmp/agentfs-sandbox-cli-private").exists(),
+        "/tmp is shared"
+    );
     let d = w.af(&["diff", "pol", "--name-only"]);
     assert_eq!(stdout(&d), "/out/a\n");
+}
+
+/// `git` with a fixed identity, run on the host.
+fn git(dir: &Path, args: &[&str]) {
+    let o = std::process::Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "git {args:?}: {}", err(&o));
+}
+
+const COMMIT: &str = "echo change >> README && git add README && \
+                      git -c user.name=t -c user.email=t@t commit -qm inside && git log --oneline | wc -l";
+
+#[test]
+fn git_works_inside_a_project() {
+    let test = "git_works_inside_a_project";
+    if std::process::Command::new("git")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP {test}: git is not installed");
+        return;
+    }
+    let w = World::new(None);
+    let src = w.source("repo");
+    git(&src, &["init", "-q", "-b", "main"]);
+    git(&src, &["add", "README"]);
+    git(&src, &["commit", "-qm", "first"]);
+    let before = snapshot(&src);
+    let script = format!("git status --short && {COMMIT}");
+    let o = w.af(&["quick", src.to_str().unwrap(), "--", "sh", "-c", &script]);
+    if !started(test, &o) {
+        return;
+    }
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(stdout(&o), "2\n");
+    assert_eq!(snapshot(&src), before, "the host repository changed");
+}
+
+/// Seed 001's case: a linked worktree's git directory lies outside it, so a commit fails until
+/// that directory is bound and declared a writable root.
+#[test]
+fn a_linked_worktree_commits_once_its_git_directory_is_granted() {
+    let test = "a_linked_worktree_commits_once_its_git_directory_is_granted";
+    if std::process::Command::new("git")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP {test}: git is not installed");
+        return;
+    }
+    let w = World::new(None);
+    let main = w.source("main");
+    git(&main, &["init", "-q", "-b", "main"]);
+    git(&main, &["add", "README"]);
+    git(&main, &["commit", "-qm", "first"]);
+    let wt = w.base.join("wt");
+    git(
+        &main,
+        &["worktree", "add", "-q", wt.to_str().unwrap(), "-b", "topic"],
+    );
+    let gitdir = main.join(".git");
+    let (wt_s, gd_s) = (wt.to_str().unwrap(), gitdir.to_str().unwrap());
+    let denied = w.af(&["quick", wt_s, "--ro-bind", gd_s, "--", "sh", "-c", COMMIT]);
+    if !started(test, &denied) {
+        return;
+    }
+    assert!(!denied.status.success(), "committed without the grant");
+    assert!(
+        err(&denied).contains("Read-only file system"),
+        "{}",
+        err(&denied)
+    );
+    let granted = w.af(&[
+        "run",
+        "wt",
+        "--bind",
+        gd_s,
+        "--writable-root",
+        wt_s,
+        "--writable-root",
+        gd_s,
+        "--",
+        "sh",
+        "-c",
+        COMMIT,
+    ]);
+    assert!(granted.status.success(), "{}", err(&granted));
+    assert_eq!(stdout(&granted), "2\n");
 }

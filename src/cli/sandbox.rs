@@ -186,11 +186,23 @@ fn quick_project(
 }
 
 pub fn run(a: RunArgs, knobs: &Knobs) -> super::CliResult {
-    Ok(open_and_launch(&a.name, a.launch, a.command, How::Run, knobs))
+    Ok(open_and_launch(
+        &a.name,
+        a.launch,
+        a.command,
+        How::Run,
+        knobs,
+    ))
 }
 
 pub fn exec(a: ExecArgs, knobs: &Knobs) -> super::CliResult {
-    Ok(open_and_launch(&a.name, a.launch, a.command, How::Exec, knobs))
+    Ok(open_and_launch(
+        &a.name,
+        a.launch,
+        a.command,
+        How::Exec,
+        knobs,
+    ))
 }
 
 fn open_and_launch(

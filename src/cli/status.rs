@@ -113,10 +113,7 @@ fn print_projects(projects: &[Value]) {
         return;
     }
     println!();
-    println!(
-        "{:<20} {:>10} {:<24} SOURCE",
-        "PROJECT", "DELTA", "SANDBOX"
-    );
+    println!("{:<20} {:>10} {:<24} SOURCE", "PROJECT", "DELTA", "SANDBOX");
     for p in projects {
         let name = p["name"].as_str().unwrap_or("?");
         if let Some(err) = p["error"].as_str() {

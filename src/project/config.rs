@@ -137,7 +137,9 @@ impl Settings {
         self.sandbox.binds.extend(over.sandbox.binds);
         self.sandbox.ro_binds.extend(over.sandbox.ro_binds);
         self.sandbox.env.extend(over.sandbox.env);
-        self.policy.writable_roots.extend(over.policy.writable_roots);
+        self.policy
+            .writable_roots
+            .extend(over.policy.writable_roots);
     }
 }
 
@@ -245,7 +247,10 @@ writable_roots = ["/srv/api/src"]
             .unwrap_err();
         assert_eq!(e.code, "config_invalid");
         let m = e.to_string();
-        assert!(m.contains("/d/defaults.toml line 2 (`moed = \"full\"`)"), "{m}");
+        assert!(
+            m.contains("/d/defaults.toml line 2 (`moed = \"full\"`)"),
+            "{m}"
+        );
         assert!(!m.contains('\n'), "{m}");
         let e = parse::<Settings>(Path::new("d"), "[home]\nmode = \"half\"\n").unwrap_err();
         assert!(e.to_string().contains("mode = \"half\""), "{e}");
@@ -255,8 +260,11 @@ writable_roots = ["/srv/api/src"]
 
     #[test]
     fn later_settings_win_and_lists_merge() {
-        let mut a: Settings =
-            parse(Path::new("a"), "[home]\nmode = \"full\"\n[sandbox]\nmasks = [\"/a\"]\n").unwrap();
+        let mut a: Settings = parse(
+            Path::new("a"),
+            "[home]\nmode = \"full\"\n[sandbox]\nmasks = [\"/a\"]\n",
+        )
+        .unwrap();
         let b: Settings = parse(
             Path::new("b"),
             "[home]\nmode = \"empty\"\n[sandbox]\nmasks = [\"/b\"]\n",

@@ -97,13 +97,19 @@ pub fn environment(
     caller: impl IntoIterator<Item = (OsString, OsString)>,
 ) -> Result<Vec<(OsString, OsString)>, Error> {
     let caller: Vec<(OsString, OsString)> = caller.into_iter().collect();
-    let lookup = |k: &str| caller.iter().find(|(ck, _)| ck == k).map(|(_, v)| v.clone());
+    let lookup = |k: &str| {
+        caller
+            .iter()
+            .find(|(ck, _)| ck == k)
+            .map(|(_, v)| v.clone())
+    };
     let mut env: Vec<(OsString, OsString)> = Vec::new();
-    let set = |env: &mut Vec<(OsString, OsString)>, k: OsString, v: OsString| {
-        match env.iter_mut().find(|(ek, _)| *ek == k) {
-            Some(slot) => slot.1 = v,
-            None => env.push((k, v)),
-        }
+    let set = |env: &mut Vec<(OsString, OsString)>, k: OsString, v: OsString| match env
+        .iter_mut()
+        .find(|(ek, _)| *ek == k)
+    {
+        Some(slot) => slot.1 = v,
+        None => env.push((k, v)),
     };
     for (k, v) in &caller {
         let name = k.to_string_lossy();
@@ -112,7 +118,11 @@ pub fn environment(
         }
     }
     if lookup("PATH").is_none() {
-        set(&mut env, "PATH".into(), "/usr/local/bin:/usr/bin:/bin".into());
+        set(
+            &mut env,
+            "PATH".into(),
+            "/usr/local/bin:/usr/bin:/bin".into(),
+        );
     }
     for item in extra {
         let (k, v) = match item.split_once('=') {
@@ -277,7 +287,10 @@ mod tests {
     use super::*;
 
     fn os(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
-        pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect()
     }
 
     #[test]
@@ -291,7 +304,12 @@ mod tests {
         ]);
         let env = environment(
             "api",
-            &["EDITOR".into(), "X=1".into(), "PATH=/p".into(), "MISSING".into()],
+            &[
+                "EDITOR".into(),
+                "X=1".into(),
+                "PATH=/p".into(),
+                "MISSING".into(),
+            ],
             caller,
         )
         .unwrap();
@@ -318,13 +336,20 @@ mod tests {
         let canon = std::fs::canonicalize(d.path()).unwrap();
         let spec = format!("{}:/cache", d.path().display());
         let b = parse_bind(&spec, true, Path::new("/h")).unwrap();
-        assert_eq!((b.src, b.dst, b.writable), (canon.clone(), PathBuf::from("/cache"), true));
+        assert_eq!(
+            (b.src, b.dst, b.writable),
+            (canon.clone(), PathBuf::from("/cache"), true)
+        );
         let b = parse_bind(d.path().to_str().unwrap(), false, Path::new("/h")).unwrap();
         assert_eq!(b.dst, canon);
         let e = parse_bind("/no/such/dir", false, Path::new("/h")).unwrap_err();
         assert_eq!(e.code, "bind_missing");
-        let e = parse_bind(&format!("{}:/a/../b", d.path().display()), true, Path::new("/h"))
-            .unwrap_err();
+        let e = parse_bind(
+            &format!("{}:/a/../b", d.path().display()),
+            true,
+            Path::new("/h"),
+        )
+        .unwrap_err();
         assert_eq!(e.code, "bad_bind");
         assert_eq!(expand("~/.ssh", Path::new("/h")), PathBuf::from("/h/.ssh"));
         assert_eq!(expand("~", Path::new("/h")), PathBuf::from("/h"));
@@ -339,7 +364,11 @@ mod tests {
             return;
         }
         let home = tempfile::tempdir().unwrap();
-        std::fs::write(home.path().join(".bashrc"), "PS1='mine$ '\nexport FROM_RC=1\n").unwrap();
+        std::fs::write(
+            home.path().join(".bashrc"),
+            "PS1='mine$ '\nexport FROM_RC=1\n",
+        )
+        .unwrap();
         let (cmd, extra) = shell_command("api", bash);
         assert!(extra.is_empty());
         let mut child = std::process::Command::new(&cmd[0])

@@ -97,7 +97,10 @@ pub fn valid_name(name: &str) -> bool {
 /// The project name `quick` derives from a directory: its basename with every other character
 /// replaced by `-` and leading punctuation dropped.
 pub fn name_for_dir(dir: &Path) -> Result<String, Error> {
-    let base = dir.file_name().map(|b| b.to_string_lossy()).unwrap_or_default();
+    let base = dir
+        .file_name()
+        .map(|b| b.to_string_lossy())
+        .unwrap_or_default();
     let mut name: String = base
         .chars()
         .map(|c| {
@@ -374,7 +377,16 @@ mod tests {
         for ok in ["api", "a", "api-2", "my.proj_1", "9lives"] {
             assert!(valid_name(ok), "{ok}");
         }
-        for bad in ["", "-x", ".hidden", "a/b", "x.db", "x.sqlite", "x.sqlite3", "sp ace"] {
+        for bad in [
+            "",
+            "-x",
+            ".hidden",
+            "a/b",
+            "x.db",
+            "x.sqlite",
+            "x.sqlite3",
+            "sp ace",
+        ] {
             assert!(!valid_name(bad), "{bad}");
         }
         assert_eq!(name_for_dir(Path::new("/c/My Repo")).unwrap(), "My-Repo");
@@ -390,7 +402,10 @@ mod tests {
         assert_eq!(c("api").unwrap(), Target::Project("api".into()));
         assert_eq!(c("./api").unwrap(), Target::Database("./api".into()));
         assert_eq!(c("x.db").unwrap(), Target::Database("x.db".into()));
-        assert_eq!(c("x.sqlite3").unwrap(), Target::Database("x.sqlite3".into()));
+        assert_eq!(
+            c("x.sqlite3").unwrap(),
+            Target::Database("x.sqlite3".into())
+        );
         assert_eq!(c(".hidden").unwrap(), Target::Database(".hidden".into()));
         let abs = d.path().join("db");
         assert_eq!(
@@ -401,7 +416,10 @@ mod tests {
         std::fs::write(d.path().join("api"), b"").unwrap();
         let e = classify_in(&OsString::from("api"), false, d.path()).unwrap_err();
         assert_eq!(e.code, "ambiguous_name");
-        assert!(e.message.contains("./api") && e.message.contains("--project api"), "{e}");
+        assert!(
+            e.message.contains("./api") && e.message.contains("--project api"),
+            "{e}"
+        );
         assert_eq!(
             classify(&OsString::from("api"), true).unwrap(),
             Target::Project("api".into())

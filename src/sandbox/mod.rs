@@ -4,8 +4,8 @@
 //! `request` is what the command line and the project's configuration decide; the rest of this
 //! module turns it into a view and runs the command in it.
 
-pub mod request;
 pub mod policy;
+pub mod request;
 mod stub;
 
 pub use stub::{exec, run, SandboxError};

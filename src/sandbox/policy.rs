@@ -291,16 +291,27 @@ mod tests {
         let (_d, ws) = project();
         let allowed = [AllowedRoot::same(ws.clone())];
         assert_eq!(ww(&[], &allowed).unwrap_err(), PolicyError::Empty);
-        let e = decide(Some(PolicyMode::ReadOnly), &[ws.clone()], &allowed).unwrap_err();
+        let e = decide(
+            Some(PolicyMode::ReadOnly),
+            std::slice::from_ref(&ws),
+            &allowed,
+        )
+        .unwrap_err();
         assert_eq!(e.code(), "policy_contradiction");
         // No allowed root at all: every declared root is outside.
-        assert_eq!(ww(&[ws.clone()], &[]).unwrap_err().code(), "policy_outside_roots");
+        assert_eq!(
+            ww(std::slice::from_ref(&ws), &[]).unwrap_err().code(),
+            "policy_outside_roots"
+        );
     }
 
     #[test]
     fn modes_without_roots_and_roots_without_a_mode() {
         let (_d, ws) = project();
-        let allowed = [AllowedRoot::same(ws.clone()), AllowedRoot::same(p("/home/u"))];
+        let allowed = [
+            AllowedRoot::same(ws.clone()),
+            AllowedRoot::same(p("/home/u")),
+        ];
         let ro = decide(Some(PolicyMode::ReadOnly), &[], &allowed).unwrap();
         assert!(ro.writable.is_empty());
         let default = decide(None, &[], &allowed).unwrap();

@@ -131,8 +131,10 @@ pub fn user_can_run(test: &str) -> bool {
     let ok = super::readable_by_all(&super::bin()) && super::readable_by_all(&scratch_root());
     if !ok {
         eprintln!("SKIP {test}: the build tree is not reachable by other users");
-        assert!(!agentfs::knobs::get().require_fuse, "the build tree must be world-readable");
+        assert!(
+            !agentfs::knobs::get().require_fuse,
+            "the build tree must be world-readable"
+        );
     }
     ok && agentfs::sys::ids::is_root()
 }
-
