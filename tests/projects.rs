@@ -206,6 +206,22 @@ fn bad_config_and_defaults_are_named_one_line_errors() {
     let out = w.af(&["run", "svc", "--", "true"]);
     refused(&out, 125, "config_invalid");
     assert!(err(&out).contains("config.toml line"), "{}", err(&out));
+    // A source edited away from the delta's own base is refused, as is a damaged delta.
+    let other = w.source("elsewhere");
+    let edited = text.replace(src.to_str().unwrap(), other.to_str().unwrap());
+    let edited = edited.replace("\n[sandbox2]\nx = 1\n", "");
+    fs::write(&config, &edited).unwrap();
+    refused(&w.af(&["run", "svc", "--", "true"]), 125, "source_mismatch");
+    let db = w.root().join("svc/delta.db");
+    let saved = fs::read(&db).unwrap();
+    fs::write(&db, b"not a database at all, just bytes").unwrap();
+    let _ = fs::remove_file(w.root().join("svc/delta.db-wal"));
+    let _ = fs::remove_file(w.root().join("svc/delta.db-shm"));
+    fs::write(&config, &text.replace("\n[sandbox2]\nx = 1\n", "")).unwrap();
+    refused(&w.af(&["run", "svc", "--", "true"]), 125, "delta_unusable");
+    fs::write(&db, saved).unwrap();
+    launched(&w.af(&["run", "svc", "--", "true"]));
+    fs::write(&config, &text).unwrap();
     // status names the broken project and goes on.
     let out = w.af(&["status", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -181,6 +181,39 @@ pub fn shell_command(project: &str, shell: &Path) -> (Vec<OsString>, Vec<(OsStri
     )
 }
 
+/// The delta must open (not corrupt, not of an old schema) and overlay `source`: a config.toml
+/// edited to point elsewhere would serve the delta over a tree it was not made from.
+fn check_delta(db: &Path, source: &Path) -> Result<(), Error> {
+    let unusable = |e: String| {
+        Error::new(
+            "delta_unusable",
+            format!(
+                "{}: {e} (agentfs integrity, agentfs fsck or agentfs migrate)",
+                db.display()
+            ),
+        )
+    };
+    let store = crate::store::Store::open(db, true).map_err(|e| unusable(e.to_string()))?;
+    let base = store
+        .overlay_config()
+        .map_err(unusable)?
+        .map(|c| c.base_path);
+    if base.as_deref() != Some(source) {
+        return Err(Error::new(
+            "source_mismatch",
+            format!(
+                "{} overlays {}, but config.toml names {} as the source",
+                db.display(),
+                base.as_deref()
+                    .unwrap_or(Path::new("no directory"))
+                    .display(),
+                source.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The launch request for `project` with the merged `settings`; an empty `command` runs the
 /// user's shell. `root` is the projects root (masked in the view).
 pub fn request(
@@ -206,15 +239,7 @@ pub fn request(
         ));
     }
     let db = project.db();
-    crate::store::Store::open(&db, true).map_err(|e| {
-        Error::new(
-            "delta_unusable",
-            format!(
-                "{}: {e} (agentfs integrity, agentfs fsck or agentfs migrate)",
-                db.display()
-            ),
-        )
-    })?;
+    check_delta(&db, source)?;
     let home_dir = super::home()?;
     let home: HomeMode = settings.home.mode.unwrap_or(HomeName::Full).into();
     let sb = &settings.sandbox;
