@@ -16,7 +16,7 @@ pub const REFUSED: i32 = 125;
 
 /// The flags every launch takes; config.toml and defaults.toml supply the same keys (flags win,
 /// lists add up).
-#[derive(clap::Args, Debug, Default)]
+#[derive(clap::Args, Debug)]
 pub struct LaunchFlags {
     /// How the home appears: full (read-write), full-ro (read-only) or empty (a private one).
     #[arg(long, value_enum)]
