@@ -217,7 +217,7 @@ fn bad_config_and_defaults_are_named_one_line_errors() {
     fs::write(&db, b"not a database at all, just bytes").unwrap();
     let _ = fs::remove_file(w.root().join("svc/delta.db-wal"));
     let _ = fs::remove_file(w.root().join("svc/delta.db-shm"));
-    fs::write(&config, &text.replace("\n[sandbox2]\nx = 1\n", "")).unwrap();
+    fs::write(&config, text.replace("\n[sandbox2]\nx = 1\n", "")).unwrap();
     refused(&w.af(&["run", "svc", "--", "true"]), 125, "delta_unusable");
     fs::write(&db, saved).unwrap();
     launched(&w.af(&["run", "svc", "--", "true"]));
