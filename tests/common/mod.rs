@@ -360,13 +360,24 @@ pub fn settled_record(pid: u32) -> agentfs::sys::registry::ServerRecord {
 /// machine), then restored.
 pub struct DevFuseMode {
     original: u32,
+    _lock: fs::File,
 }
 
 impl DevFuseMode {
+    /// Open /dev/fuse to every user until dropped. The mode is global, so every test that
+    /// opens it holds a lock file meanwhile: another test (of this binary or another) must not
+    /// restore 0600 under it.
     pub fn open_up() -> Self {
+        let lock = fs::File::create(std::env::temp_dir().join("agentfs-dev-fuse-mode.lock"))
+            .expect("lock file");
+        // SAFETY: flock on an fd owned by `lock`.
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
         let original = fs::metadata("/dev/fuse").unwrap().permissions().mode();
         fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o20666)).unwrap();
-        DevFuseMode { original }
+        DevFuseMode {
+            original,
+            _lock: lock,
+        }
     }
 }
 
