@@ -14,6 +14,7 @@ pub mod knobs;
 pub mod overlay;
 pub mod protocol;
 pub mod sandbox;
+pub mod server;
 pub mod store;
 pub mod sys;
 pub mod transport;

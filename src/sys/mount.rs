@@ -235,7 +235,7 @@ pub fn mount_fusermount(mnt: &Path, opts: &MountOptions) -> Result<OwnedFd, Moun
 }
 
 /// Receive one fd sent with SCM_RIGHTS, marked close-on-exec.
-fn receive_fd(sock: &UnixStream) -> Option<OwnedFd> {
+pub fn receive_fd(sock: &UnixStream) -> Option<OwnedFd> {
     let mut byte = [0u8; 1];
     let mut iov = [IoSliceMut::new(&mut byte)];
     // Room for one control message carrying one int.
