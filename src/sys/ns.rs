@@ -65,7 +65,10 @@ pub fn become_ids(uid: u32, gid: u32) -> io::Result<()> {
     nix::unistd::setresgid(Gid::from_raw(gid), Gid::from_raw(gid), Gid::from_raw(gid))
         .map_err(nix_io)?;
     nix::unistd::setresuid(Uid::from_raw(uid), Uid::from_raw(uid), Uid::from_raw(uid))
-        .map_err(nix_io)
+        .map_err(nix_io)?;
+    // Changing ids makes the process undumpable, which hands /proc/self to root: the new
+    // user's own uid_map would be out of reach.
+    nix::sys::prctl::set_dumpable(true).map_err(nix_io)
 }
 
 /// Stop every mount event from travelling between this mount namespace and the host's.
@@ -187,11 +190,14 @@ pub fn detach(path: &Path) -> io::Result<()> {
 }
 
 /// Mount a FUSE filesystem at `path` on the already-open /dev/fuse descriptor `fd`, owned by
-/// `uid`/`gid` (the kernel checks that `fd` was opened in this user namespace).
-pub fn mount_fuse(path: &Path, fd: RawFd, uid: u32, gid: u32) -> io::Result<()> {
-    let data = format!(
-        "fd={fd},rootmode=40000,user_id={uid},group_id={gid},default_permissions,allow_other"
-    );
+/// `uid`/`gid` (the kernel checks that `fd` was opened in this user namespace). `allow_other`
+/// lets processes of other ids use it (a root mounter building a view for another id).
+pub fn mount_fuse(path: &Path, fd: RawFd, uid: u32, gid: u32, allow_other: bool) -> io::Result<()> {
+    let mut data =
+        format!("fd={fd},rootmode=40000,user_id={uid},group_id={gid},default_permissions");
+    if allow_other {
+        data.push_str(",allow_other");
+    }
     let fstype = format!("fuse.{}", super::mount::FS_NAME);
     mount(
         Some(super::mount::FS_NAME),
@@ -316,25 +322,18 @@ fn sigset(signals: &[i32]) -> libc::sigset_t {
     }
 }
 
-/// Block `signals` in the calling thread (and threads it starts later); returns the old mask.
-pub fn block_signals(signals: &[i32]) -> libc::sigset_t {
+/// Block `signals` in the calling thread (and threads and children it starts later).
+pub fn block_signals(signals: &[i32]) {
     let set = sigset(signals);
-    // SAFETY: both sets are live locals; pthread_sigmask only affects this thread.
-    unsafe {
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-        old
-    }
+    // SAFETY: a live, initialised set; pthread_sigmask only affects this thread.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 }
 
-/// Restore a signal mask saved by [`block_signals`] and every disposition to its default.
-pub fn restore_signals(old: &libc::sigset_t) {
-    for s in FORWARDED.iter().chain(&[libc::SIGCHLD, libc::SIGPIPE]) {
-        // SAFETY: resetting a disposition to SIG_DFL has no preconditions.
-        unsafe { libc::signal(*s, libc::SIG_DFL) };
-    }
-    // SAFETY: `old` is a valid mask obtained from pthread_sigmask.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+/// Unblock `signals` in the calling thread.
+pub fn unblock_signals(signals: &[i32]) {
+    let set = sigset(signals);
+    // SAFETY: a live, initialised set; pthread_sigmask only affects this thread.
+    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
 }
 
 /// One signal taken from the blocked set: its number and whether the kernel sent it (a
@@ -386,5 +385,99 @@ pub fn take_terminal() {
             libc::tcsetpgrp(0, libc::getpgrp());
             libc::signal(libc::SIGTTOU, old);
         }
+    }
+}
+
+/// A pair of connected datagram-boundary sockets (SOCK_SEQPACKET), close-on-exec.
+pub fn seqpacket_pair() -> io::Result<(UnixStream, UnixStream)> {
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+    let (a, b) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(nix_io)?;
+    Ok((UnixStream::from(a), UnixStream::from(b)))
+}
+
+/// Receive one message and the descriptor it carries, if any (marked close-on-exec). An
+/// empty message means the other side closed.
+pub fn recv_msg(sock: &UnixStream) -> io::Result<(Vec<u8>, Option<OwnedFd>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut buf = vec![0u8; 8192];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let (n, fd) = loop {
+        let mut iov = [io::IoSliceMut::new(&mut buf)];
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => {
+                let mut fd = None;
+                for c in msg.cmsgs().map_err(nix_io)? {
+                    if let ControlMessageOwned::ScmRights(fds) = c {
+                        for (i, raw) in fds.into_iter().enumerate() {
+                            // SAFETY: the kernel installed `raw` in our table for this message;
+                            // nothing else owns it. Extra descriptors are closed at once.
+                            let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                            if i == 0 {
+                                fd = Some(owned);
+                            }
+                        }
+                    }
+                }
+                break (msg.bytes, fd);
+            }
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(nix_io(e)),
+        }
+    };
+    buf.truncate(n);
+    Ok((buf, fd))
+}
+
+/// How a child ended, as a shell reports it: its code, or 128+N when signal N killed it.
+pub fn wait_child(pid: i32) -> io::Result<i32> {
+    use nix::sys::wait::{waitpid, WaitStatus};
+    loop {
+        match waitpid(Pid::from_raw(pid), None) {
+            Ok(WaitStatus::Exited(_, code)) => return Ok(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
+            Ok(_) | Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(nix_io(e)),
+        }
+    }
+}
+
+/// Reap every child that has ended; returns the status of `main` once it is among them.
+pub fn reap(main: i32) -> Option<i32> {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let mut found = None;
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(p, code)) if p.as_raw() == main => found = Some(code),
+            Ok(WaitStatus::Signaled(p, sig, _)) if p.as_raw() == main => {
+                found = Some(128 + sig as i32)
+            }
+            Ok(WaitStatus::StillAlive) | Err(_) => return found,
+            Ok(_) => continue,
+        }
+    }
+}
+
+/// Unblock every signal in the calling thread (a command starts with a clean mask).
+pub fn unblock_all() {
+    for s in FORWARDED.iter().chain(&[libc::SIGCHLD, libc::SIGPIPE]) {
+        // SAFETY: resetting a disposition to SIG_DFL has no preconditions.
+        unsafe { libc::signal(*s, libc::SIG_DFL) };
+    }
+    // SAFETY: an empty, initialised set; pthread_sigmask only affects this thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
     }
 }
