@@ -118,6 +118,11 @@ struct Project {
 
 impl Project {
     fn new(name: &str, user: Option<(u32, u32)>) -> Project {
+        Project::new_with(name, user, &|_: &Path, _: &Path| {})
+    }
+
+    /// `setup(root, source)` runs once the files exist, before ownership and the delta.
+    fn new_with(name: &str, user: Option<(u32, u32)>, setup: &dyn Fn(&Path, &Path)) -> Project {
         let root = scratch_root().join(format!("sbx-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
         let source = root.join("src");
@@ -132,6 +137,7 @@ impl Project {
         fs::create_dir_all(home.join(".ssh")).unwrap();
         fs::write(home.join(".ssh/id_ed25519"), "PRIVATE").unwrap();
         fs::write(home.join(".netrc"), "machine x password y\n").unwrap();
+        setup(&root, &source);
         fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
         // Everything belongs to the user the command runs as (65534 for root-started runs).
         let owner = user.unwrap_or((65534, 65534));
@@ -440,6 +446,81 @@ fn a_read_only_policy_refuses_writes_in_the_project_too() {
         text.contains("SUB-OK") && text.contains("TOP-REFUSED"),
         "{text}"
     );
+}
+
+/// git on the host, as root, on a tree that belongs to someone else.
+fn git(dir: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args([
+            "-c",
+            "safe.directory=*",
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.com",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+}
+
+const GIT_ID: &str = "git -c user.name=t -c user.email=t@example.com";
+
+#[test]
+fn git_status_and_commit_work_inside_a_git_project() {
+    if !ready("git_status_and_commit_work_inside_a_git_project") {
+        return;
+    }
+    let p = Project::new_with("git", None, &|_, src| {
+        git(src, &["init", "-q"]);
+        git(src, &["add", "."]);
+        git(src, &["commit", "-qm", "base"]);
+    });
+    let before = listing(p.source());
+    let out = p.run(&format!(
+        "echo change >> hello.txt && git status --short && {GIT_ID} commit -qam inside && git log --format=%s | head -1"
+    ));
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(text.contains(" M hello.txt\ninside\n"), "{text}");
+    assert_eq!(before, listing(p.source()), "the host repository changed");
+}
+
+#[test]
+fn a_linked_worktree_commits_only_once_its_git_dir_is_granted() {
+    if !ready("a_linked_worktree_commits_only_once_its_git_dir_is_granted") {
+        return;
+    }
+    let p = Project::new_with("worktree", None, &|root, src| {
+        let repo = root.join("repo");
+        fs::create_dir(&repo).unwrap();
+        fs::write(repo.join("f"), "f\n").unwrap();
+        git(&repo, &["init", "-q"]);
+        git(&repo, &["add", "."]);
+        git(&repo, &["commit", "-qm", "base"]);
+        fs::remove_dir_all(src).unwrap();
+        git(&repo, &["worktree", "add", "-q", src.to_str().unwrap()]);
+    });
+    let repo = p.root.join("repo");
+    let script = format!("echo x >> f && {GIT_ID} commit -qam wt && echo COMMITTED");
+    // The git directory is visible but read-only: the commit fails.
+    let mut spec = p.spec.clone();
+    spec.binds = vec![(repo.clone(), repo.clone(), false)];
+    let out = p.run_with(&spec, &script);
+    assert!(!stdout(&out).contains("COMMITTED"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Read-only file system"),
+        "{out:?}"
+    );
+    // Granted as a writable bind and a writable root: it commits.
+    spec.binds = vec![(repo.clone(), repo.clone(), true)];
+    spec.policy = Some("workspace-write".into());
+    spec.writable = vec![p.source().to_path_buf(), repo.join(".git")];
+    let out = p.run_with(&spec, &script);
+    assert!(stdout(&out).contains("COMMITTED"), "{out:?}");
 }
 
 #[test]
