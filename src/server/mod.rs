@@ -206,16 +206,18 @@ impl Prepared {
                     unmount_for_shutdown(&signal_mnt);
                 });
         }
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Dropping `stop` wakes the status thread at once (shutdown does not wait out a tick).
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
         let reporter_thread = {
-            let done = done.clone();
             let step = knobs.vacuum_step_pages;
             let register = opts.register;
             std::thread::Builder::new()
                 .name("status".into())
                 .spawn(move || {
-                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                        std::thread::sleep(std::time::Duration::from_millis(500));
+                    let tick = std::time::Duration::from_millis(500);
+                    while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+                        stopped.recv_timeout(tick)
+                    {
                         reporter.idle_vacuum(step);
                         if register {
                             reporter.write();
@@ -232,7 +234,7 @@ impl Prepared {
         if let Some(w) = watcher {
             w.stop();
         }
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(stop);
         if let Some(t) = reporter_thread {
             let _ = t.join();
         }
