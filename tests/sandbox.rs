@@ -402,14 +402,123 @@ fn exit_statuses_propagate_and_nothing_outlives_the_command() {
         assert_eq!(out.status.code(), Some(want), "{script}: {out:?}");
     }
     // A background child left running is killed when the command exits.
-    let marker = format!("sbx-sleeper-{}", std::process::id());
-    let out = p.run(&format!("(exec -a {marker} sleep 300) & exit 0"));
+    let marker = format!("sleep 300.{}1", std::process::id());
+    let out = p.run(&format!("{marker} & exit 0"));
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let ps = Command::new("pgrep")
         .args(["-f", &marker])
         .output()
         .unwrap();
     assert!(!ps.status.success(), "the background child survived");
+    no_sandbox_mounts_on_host(&p);
+}
+
+#[test]
+fn no_capabilities_no_new_privs_and_the_optional_namespaces() {
+    if !ready("no_capabilities_no_new_privs_and_the_optional_namespaces") {
+        return;
+    }
+    let p = Project::new("caps", None);
+    let mut spec = p.spec.clone();
+    spec.net_none = true;
+    spec.home = "empty".into();
+    let home = spec.home_dir.display().to_string();
+    let out = p.run_with(
+        &spec,
+        &format!(
+            "grep -E '^(CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs)' /proc/self/status; \
+             tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; cat /sys/class/net/lo/operstate /sys/class/net/lo/flags; \
+             ls -A {home} | wc -l; touch {home}/x 2>&1 | grep -c Read-only; echo $$"
+        ),
+    );
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    for cap in ["CapEff", "CapPrm", "CapBnd", "CapAmb"] {
+        assert!(
+            text.contains(&format!("{cap}:\t0000000000000000")),
+            "{cap}: {text}"
+        );
+    }
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+    // Only loopback, and it is up (IFF_UP in its flags).
+    assert!(
+        text.contains("\nlo\n") && !text.contains("eth") && !text.contains("ens"),
+        "{text}"
+    );
+    assert!(
+        text.contains("0x9\n") || text.contains("unknown\n0x9"),
+        "{text}"
+    );
+    // An empty, read-only home; the command is pid 2 (pid 1 is ours).
+    assert!(text.ends_with("0\n1\n2\n"), "{text}");
+}
+
+/// Start `spec` in a helper and wait until it is live; returns the helper and pid 1's host pid.
+fn start_live(p: &Project, spec: &Spec) -> (std::process::Child, i32) {
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "helper_entry",
+            "--nocapture",
+            "--test-threads=1",
+            "-q",
+        ])
+        .env(SPEC, serde_json::to_string(spec).unwrap())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(m) = agentfs::sandbox::live(&p.spec.project_dir) {
+            return (child, m.pid1);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sandbox never went live"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn pid1_forwards_signals_and_the_sandbox_dies_with_its_supervisor() {
+    if !ready("pid1_forwards_signals_and_the_sandbox_dies_with_its_supervisor") {
+        return;
+    }
+    let p = Project::new("signal", None);
+    let mut spec = p.spec.clone();
+    let marker = format!("sleep 300.{}2", std::process::id());
+    spec.command = vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        format!("{marker} & sleep 60"),
+    ];
+    // A signal sent to pid 1 reaches the command: TERM ends it with 128+15.
+    let (mut child, pid1) = start_live(&p, &spec);
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid1.to_string()])
+        .status();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 15), "{status:?}");
+    // A supervisor killed outright takes the whole sandbox with it.
+    let (mut child, _) = start_live(&p, &spec);
+    child.kill().unwrap();
+    let _ = child.wait();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while Command::new("pgrep")
+        .args(["-f", &marker])
+        .status()
+        .unwrap()
+        .success()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sandbox outlived its supervisor"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Its marker is stale now: exec does not try to join it.
+    assert!(agentfs::sandbox::live(&p.spec.project_dir).is_none());
     no_sandbox_mounts_on_host(&p);
 }
 

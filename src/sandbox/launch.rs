@@ -90,13 +90,14 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
     let mut rec = new_record(req, &plan, ids);
 
     let (sup, inside) = ns::seqpacket_pair().map_err(|e| io_err("socketpair", e))?;
+    let supervisor = std::process::id() as i32;
     // Blocked before the fork: every process of the sandbox starts with these blocked, and
     // only the command unblocks them.
     ns::block_signals(&ns::FORWARDED);
     let outer = match ns::fork() {
         Ok(Forked::Child) => {
             drop(sup);
-            ns::exit_now(outer_child(req, &plan, ids, &inside))
+            ns::exit_now(outer_child(req, &plan, ids, &inside, supervisor))
         }
         Ok(Forked::Parent(p)) => p.as_raw(),
         Err(e) => {
@@ -295,7 +296,18 @@ fn forward_signals(pid1: i32, done: Arc<AtomicBool>) {
 }
 
 /// The outer child: namespaces, then pid 1. Returns pid 1's status.
-fn outer_child(req: &SandboxRequest, plan: &[Op], ids: Ids, sock: &UnixStream) -> i32 {
+fn outer_child(
+    req: &SandboxRequest,
+    plan: &[Op],
+    ids: Ids,
+    sock: &UnixStream,
+    supervisor: i32,
+) -> i32 {
+    // Without its supervisor the sandbox has no server: it goes when the supervisor goes, and
+    // pid 1 goes with it (the pid namespace with pid 1).
+    if !matches!(ns::die_with_parent(Some(supervisor)), Ok(true)) {
+        return 1;
+    }
     // Wait for the supervisor to have the database open.
     let mut go = [0u8; 1];
     if !matches!((&*sock).read(&mut go), Ok(1)) || go[0] != b'G' {
@@ -336,6 +348,9 @@ fn pid1(req: &SandboxRequest, plan: &[Op], ids: Ids, sock: &UnixStream) -> i32 {
         send_failure(sock, &f);
         1
     };
+    if ns::die_with_parent(None).is_err() {
+        return 1;
+    }
     if req.net == Net::None {
         if let Err(e) = ns::loopback_up() {
             return fail(Failure::new("mount_failed", "setup", Path::new("lo"), e));
@@ -377,7 +392,9 @@ fn pid1(req: &SandboxRequest, plan: &[Op], ids: Ids, sock: &UnixStream) -> i32 {
         return fail(f);
     }
     if ids.root {
+        // A change of ids clears the parent-death signal: set it again.
         let step = ns::become_ids(ids.uid, ids.gid)
+            .and_then(|_| ns::die_with_parent(None).map(|_| ()))
             .and_then(|_| ns::unshare(CloneFlags::CLONE_NEWUSER))
             .and_then(|_| ns::map_self(ids.uid, ids.gid));
         if let Err(e) = step {

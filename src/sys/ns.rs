@@ -71,6 +71,12 @@ pub fn become_ids(uid: u32, gid: u32) -> io::Result<()> {
     nix::sys::prctl::set_dumpable(true).map_err(nix_io)
 }
 
+/// Be killed when the parent thread exits; false when the parent `parent` is gone already.
+pub fn die_with_parent(parent: Option<i32>) -> io::Result<bool> {
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(nix_io)?;
+    Ok(parent.is_none_or(|p| nix::unistd::getppid().as_raw() == p))
+}
+
 /// Stop every mount event from travelling between this mount namespace and the host's.
 pub fn make_private(path: &Path) -> io::Result<()> {
     mount(
