@@ -454,8 +454,10 @@ fn no_capabilities_no_new_privs_and_the_optional_namespaces() {
 }
 
 /// Start `spec` in a helper and wait until it is live; returns the helper and pid 1's host pid.
+// The caller waits for the child it is handed.
+#[allow(clippy::zombie_processes)]
 fn start_live(p: &Project, spec: &Spec) -> (std::process::Child, i32) {
-    let child = Command::new(std::env::current_exe().unwrap())
+    let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
             "helper_entry",
@@ -472,10 +474,11 @@ fn start_live(p: &Project, spec: &Spec) -> (std::process::Child, i32) {
         if let Some(m) = agentfs::sandbox::live(&p.spec.project_dir) {
             return (child, m.pid1);
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the sandbox never went live"
-        );
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the sandbox never went live");
+        }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
