@@ -15,6 +15,7 @@ pub mod overlay;
 pub mod project;
 pub mod protocol;
 pub mod sandbox;
+pub mod server;
 pub mod store;
 pub mod sys;
 pub mod transport;

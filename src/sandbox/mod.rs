@@ -1,11 +1,111 @@
 //! The sandbox: a command runs in new user, mount and pid namespaces where its project is served
 //! by our filesystem at its real path, everything else is read-only, and secrets are masked.
 //!
-//! `request` is what the command line and the project's configuration decide; the rest of this
-//! module turns it into a view and runs the command in it.
+//! `request` is what the command line and the project's configuration decide; `plan` turns it
+//! into an ordered list of mount operations; `view` applies them inside the namespaces;
+//! `launch` runs the processes (supervisor and server outside, a small pid 1 and the command
+//! inside); `record` keeps the live marker and what each run enforced. docs/sandbox.md states
+//! the view and the policy.
 
+mod launch;
+pub mod plan;
 pub mod policy;
+pub mod preflight;
+pub mod record;
 pub mod request;
-mod stub;
+mod view;
 
-pub use stub::{exec, run, SandboxError};
+pub use launch::{exec, run};
+pub use record::{latest_record, live, LiveMarker, RunRecord};
+
+/// Why a sandbox did not start (or its server lost work); one line that says how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("user namespaces are disabled (user.max_user_namespaces=0): enable them with `sysctl -w user.max_user_namespaces=15000`")]
+    UsernsDisabled,
+    #[error("{0}")]
+    UsernsApparmor(String),
+    #[error("cannot create the sandbox's namespaces: {0} (unprivileged user namespaces must be allowed; in a container run with --security-opt seccomp=unconfined or use the host)")]
+    UsernsDenied(String),
+    #[error("{0}")]
+    FuseUnavailable(String),
+    #[error(
+        "project directory {0} is missing: create it or point the project at an existing directory"
+    )]
+    ProjectMissing(std::path::PathBuf),
+    #[error("{0}")]
+    DbCorrupt(String),
+    #[error("{0}")]
+    DbOldSchema(String),
+    #[error("{0}")]
+    DbBusy(String),
+    #[error("{op} {path}: {err} (the view cannot be built; nothing was run)")]
+    MountFailed {
+        op: &'static str,
+        path: String,
+        err: String,
+    },
+    #[error("{op} {path}: {err} (check that the source exists and is readable; nothing was run)")]
+    BindFailed {
+        op: &'static str,
+        path: String,
+        err: String,
+    },
+    #[error("the policy cannot be enforced: {0}; nothing was run")]
+    PolicyUnenforceable(String),
+    #[error("cannot run {0}")]
+    CommandFailed(String),
+    #[error("the sandbox's server failed: {0}")]
+    Server(String),
+    #[error("{0}")]
+    Io(String),
+}
+
+impl SandboxError {
+    /// A stable name for scripts and the run record.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SandboxError::UsernsDisabled => "userns_disabled",
+            SandboxError::UsernsApparmor(_) => "userns_apparmor",
+            SandboxError::UsernsDenied(_) => "userns_denied",
+            SandboxError::FuseUnavailable(_) => "fuse_unavailable",
+            SandboxError::ProjectMissing(_) => "project_missing",
+            SandboxError::DbCorrupt(_) => "db_corrupt",
+            SandboxError::DbOldSchema(_) => "db_old_schema",
+            SandboxError::DbBusy(_) => "db_busy",
+            SandboxError::MountFailed { .. } => "mount_failed",
+            SandboxError::BindFailed { .. } => "bind_failed",
+            SandboxError::PolicyUnenforceable(_) => "policy_unenforceable",
+            SandboxError::CommandFailed(_) => "command_failed",
+            SandboxError::Server(_) => "server_failed",
+            SandboxError::Io(_) => "io",
+        }
+    }
+
+    /// Rebuild an error a process inside the sandbox reported as `code\tmessage`.
+    fn from_wire(line: &str) -> SandboxError {
+        let (code, msg) = line.split_once('\t').unwrap_or(("io", line));
+        let text = msg.replace('\t', " ");
+        let (op, rest) = msg.split_once('\t').unwrap_or(("", msg));
+        let (path, err) = rest.split_once('\t').unwrap_or(("", rest));
+        let op = plan::op_name(op);
+        match code {
+            "mount_failed" => SandboxError::MountFailed {
+                op,
+                path: path.into(),
+                err: err.into(),
+            },
+            "bind_failed" => SandboxError::BindFailed {
+                op,
+                path: path.into(),
+                err: err.into(),
+            },
+            "policy_unenforceable" => {
+                SandboxError::PolicyUnenforceable(format!("{op} {path}: {err}"))
+            }
+            "userns_denied" => SandboxError::UsernsDenied(text),
+            "command_failed" => SandboxError::CommandFailed(text),
+            _ => SandboxError::Io(text),
+        }
+    }
+}

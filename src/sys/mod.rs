@@ -6,6 +6,7 @@ pub mod ids;
 pub mod lock;
 pub mod mount;
 pub mod mounts;
+pub mod ns;
 pub mod registry;
 pub mod signals;
 pub mod space;

@@ -1,7 +1,7 @@
 //! Creating a FUSE mount: /dev/fuse plus mount(2) as root, or fusermount3 with fd passing.
 
 use std::ffi::CString;
-use std::io::{IoSliceMut, Read};
+use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
@@ -236,35 +236,7 @@ pub fn mount_fusermount(mnt: &Path, opts: &MountOptions) -> Result<OwnedFd, Moun
 
 /// Receive one fd sent with SCM_RIGHTS, marked close-on-exec.
 fn receive_fd(sock: &UnixStream) -> Option<OwnedFd> {
-    let mut byte = [0u8; 1];
-    let mut iov = [IoSliceMut::new(&mut byte)];
-    // Room for one control message carrying one int.
-    let mut cmsg_buf = [0u64; 8];
-    // SAFETY: msghdr is plain data; zeroed is a valid initial state.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_mut_ptr().cast();
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg_buf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cmsg_buf);
-    // SAFETY: msg points at live buffers (iov, cmsg_buf) for the duration of the call.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n <= 0 {
-        return None;
-    }
-    // SAFETY: msg was filled by recvmsg; CMSG_FIRSTHDR only reads within msg_controllen.
-    let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-    if cmsg.is_null() {
-        return None;
-    }
-    // SAFETY: cmsg is non-null and points into cmsg_buf, which the kernel filled.
-    let (level, ty) = unsafe { ((*cmsg).cmsg_level, (*cmsg).cmsg_type) };
-    if level != libc::SOL_SOCKET || ty != libc::SCM_RIGHTS {
-        return None;
-    }
-    // SAFETY: an SCM_RIGHTS message carries at least one int; read it unaligned.
-    let fd: i32 = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast()) };
-    // SAFETY: the kernel installed `fd` in our table for us; we own it now.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+    super::ns::recv_msg(sock).ok().and_then(|(_, fd)| fd)
 }
 
 /// Set the readahead of the mount at `mnt` to `kib` KiB through its backing device in sysfs

@@ -1,0 +1,616 @@
+//! The processes of a sandbox and how they talk.
+//!
+//! - The supervisor (the caller of [`run`]) forks the outer child before it starts any thread,
+//!   opens the project's database, then serves the FUSE connection it receives, forwards
+//!   signals to pid 1, and records the run.
+//! - The outer child creates the user namespace (rootless), then the mount and pid (and net)
+//!   namespaces, forks pid 1 and passes its exit status on.
+//! - Pid 1 opens /dev/fuse, builds the view (mounting the project and sending the connection to
+//!   the supervisor over SCM_RIGHTS), pivots into it, starts the command with no capabilities,
+//!   reaps orphans, forwards signals, and exits with the command's status.
+//!
+//! Messages inside→supervisor on a SOCK_SEQPACKET pair: `P<pid1>`, `F` + descriptor (answered
+//! `A` once the server runs), `R` (the command started), `E<code\top\tpath\terror>`.
+
+use std::ffi::OsString;
+use std::io::{Read as _, Write as _};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use nix::sched::CloneFlags;
+
+use super::plan::{self, Op};
+use super::record::{self, LiveMarker, RunRecord};
+use super::request::{HomeMode, Net, SandboxRequest};
+use super::view::{self, Failure};
+use super::{preflight, SandboxError};
+use crate::knobs::Knobs;
+use crate::server::{self, ServeOptions};
+use crate::sys::ns::{self, Forked};
+
+/// Who the command runs as.
+#[derive(Clone, Copy)]
+struct Ids {
+    uid: u32,
+    gid: u32,
+    /// Started by root: the view is built as root, then the command's ids are taken.
+    root: bool,
+}
+
+impl Ids {
+    /// The caller's own ids; for root, SUDO_UID/SUDO_GID when set, else 65534 (never host uid
+    /// 0 under another name).
+    fn for_command() -> Ids {
+        let (uid, gid) = crate::sys::ids::effective();
+        if uid != 0 {
+            return Ids {
+                uid,
+                gid,
+                root: false,
+            };
+        }
+        let var = |k: &str| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok())
+                .filter(|v| *v != 0)
+        };
+        Ids {
+            uid: var("SUDO_UID").unwrap_or(65534),
+            gid: var("SUDO_GID").unwrap_or(65534),
+            root: true,
+        }
+    }
+}
+
+fn io_err(what: &str, e: std::io::Error) -> SandboxError {
+    SandboxError::Io(format!("{what}: {e}"))
+}
+
+fn send(sock: &UnixStream, msg: &[u8]) {
+    let _ = (&*sock).write_all(msg);
+}
+
+fn send_failure(sock: &UnixStream, f: &Failure) {
+    send(sock, format!("E{}", f.wire()).as_bytes());
+}
+
+/// Start a sandbox for `req`, run its command and tear everything down; returns the status to
+/// propagate (the command's code, 128+N when killed by signal N).
+pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
+    preflight::check(req)?;
+    let ids = Ids::for_command();
+    let plan = plan::build(req, &plan::RealHost);
+    std::fs::create_dir_all(req.project_dir.join("runs"))
+        .map_err(|e| io_err(&req.project_dir.display().to_string(), e))?;
+    let mut rec = new_record(req, &plan, ids);
+
+    let (sup, inside) = ns::seqpacket_pair().map_err(|e| io_err("socketpair", e))?;
+    let supervisor = std::process::id() as i32;
+    // Blocked before the fork: every process of the sandbox starts with these blocked, and
+    // only the command unblocks them.
+    ns::block_signals(&ns::FORWARDED);
+    let outer = match ns::fork() {
+        Ok(Forked::Child) => {
+            drop(sup);
+            ns::exit_now(outer_child(req, &plan, ids, &inside, supervisor))
+        }
+        Ok(Forked::Parent(p)) => p.as_raw(),
+        Err(e) => {
+            ns::unblock_signals(&ns::FORWARDED);
+            return Err(io_err("fork", e));
+        }
+    };
+    drop(inside);
+    let result = supervise(req, knobs, &sup, outer, &mut rec);
+    ns::unblock_signals(&ns::FORWARDED);
+    record::remove_live(&req.project_dir);
+    rec.ended = Some(record::now());
+    match &result {
+        Ok(code) => rec.exit_status = Some(*code),
+        Err(e) => rec.error = Some(format!("{}: {e}", e.code())),
+    }
+    if let Err(e) = rec.write(&req.project_dir) {
+        tracing::warn!("cannot write the run record: {e}");
+    }
+    result
+}
+
+fn new_record(req: &SandboxRequest, plan: &[Op], ids: Ids) -> RunRecord {
+    let mut namespaces = vec!["user", "mount", "pid"];
+    if req.net == Net::None {
+        namespaces.push("net");
+    }
+    RunRecord {
+        project: req.project.clone(),
+        source: req.source.clone(),
+        supervisor: std::process::id() as i32,
+        namespaces: namespaces.into_iter().map(String::from).collect(),
+        mounts: RunRecord::mounts_of(plan),
+        masks: plan
+            .iter()
+            .filter(|o| matches!(o, Op::MaskFile { .. } | Op::MaskDir { .. }))
+            .map(|o| o.path().to_path_buf())
+            .collect(),
+        writable_roots: req.policy.writable.clone(),
+        net: match req.net {
+            Net::Host => "host",
+            Net::None => "none",
+        }
+        .into(),
+        home: match req.home {
+            HomeMode::Full => "full",
+            HomeMode::FullRo => "full-ro",
+            HomeMode::Empty => "empty",
+        }
+        .into(),
+        uid_inside: ids.uid,
+        gid_inside: ids.gid,
+        uid_host: ids.uid,
+        gid_host: ids.gid,
+        backend: "fuse".into(),
+        command: req
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        cwd: req.cwd.clone(),
+        started: record::now(),
+        ended: None,
+        exit_status: None,
+        error: None,
+    }
+}
+
+/// The supervisor's side: open the store, serve the connection pid 1 sends, wait for the end.
+fn supervise(
+    req: &SandboxRequest,
+    knobs: &Knobs,
+    sup: &UnixStream,
+    outer: i32,
+    rec: &mut RunRecord,
+) -> Result<i32, SandboxError> {
+    let prepared = match server::prepare(&req.db, false, knobs) {
+        Ok(p) => p,
+        Err(e) => {
+            // Closing the socket tells the outer child to stop before it creates anything.
+            let _ = nix::sys::socket::shutdown(
+                std::os::fd::AsRawFd::as_raw_fd(sup),
+                nix::sys::socket::Shutdown::Both,
+            );
+            let _ = ns::wait_child(outer);
+            return Err(preflight::store_error(e));
+        }
+    };
+    send(sup, b"G");
+    let mut prepared = Some(prepared);
+    let mut server_thread = None;
+    let mut failure: Option<SandboxError> = None;
+    let mut pid1 = 0;
+    let done = Arc::new(AtomicBool::new(false));
+    loop {
+        let (msg, fd) = match ns::recv_msg(sup) {
+            Ok(m) => m,
+            Err(e) => {
+                failure.get_or_insert(io_err("sandbox socket", e));
+                break;
+            }
+        };
+        let Some((&kind, rest)) = msg.split_first() else {
+            break;
+        };
+        match kind {
+            b'P' => pid1 = String::from_utf8_lossy(rest).parse().unwrap_or(0),
+            b'F' => match (fd, prepared.take()) {
+                (Some(fd), Some(p)) => {
+                    server_thread = Some(start_server(p, fd, &req.source, knobs));
+                    send(sup, b"A");
+                }
+                _ => {
+                    failure.get_or_insert(SandboxError::Server("no FUSE connection".into()));
+                    break;
+                }
+            },
+            b'R' => {
+                let marker = LiveMarker {
+                    supervisor: std::process::id() as i32,
+                    pid1,
+                    server: std::process::id() as i32,
+                    started: rec.started,
+                    source: req.source.clone(),
+                };
+                if let Err(e) = record::write_live(&req.project_dir, &marker) {
+                    tracing::warn!("cannot write the live marker: {e}");
+                }
+                if let Err(e) = rec.write(&req.project_dir) {
+                    tracing::warn!("cannot write the run record: {e}");
+                }
+                forward_signals(pid1, done.clone());
+            }
+            b'E' => {
+                failure.get_or_insert(SandboxError::from_wire(&String::from_utf8_lossy(rest)));
+            }
+            _ => {}
+        }
+    }
+    let status = ns::wait_child(outer).map_err(|e| io_err("waiting for the sandbox", e));
+    done.store(true, Ordering::SeqCst);
+    // The namespaces died with their last process, and the mount with them: the kernel ends
+    // the connection and the server commits everything behind its barrier and returns.
+    let served = server_thread.map(|t| t.join());
+    // history: exit snapshot goes here (the command has exited and the delta is committed).
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    match served {
+        Some(Ok(Ok(()))) => {}
+        Some(Ok(Err(e))) => return Err(SandboxError::Server(e.to_string())),
+        Some(Err(_)) => return Err(SandboxError::Server("the server thread panicked".into())),
+        None => {
+            return Err(SandboxError::Server(
+                "the sandbox never mounted the project".into(),
+            ))
+        }
+    }
+    status
+}
+
+fn start_server(
+    p: server::Prepared,
+    fd: OwnedFd,
+    source: &Path,
+    knobs: &Knobs,
+) -> std::thread::JoinHandle<Result<(), server::ServerError>> {
+    let opts = ServeOptions {
+        mount_point: source.to_path_buf(),
+        register: false,
+        log: None,
+        unmount_on_signal: false,
+    };
+    let knobs = knobs.clone();
+    std::thread::spawn(move || p.serve(fd, &opts, &knobs, &mut ()))
+}
+
+/// Forward signals sent to the supervisor (not a terminal's, which reach the command's group
+/// directly) to pid 1 until the run ends.
+fn forward_signals(pid1: i32, done: Arc<AtomicBool>) {
+    if pid1 <= 0 {
+        return;
+    }
+    let _ = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            while let Some(c) = ns::wait_signal(&ns::FORWARDED) {
+                if done.load(Ordering::SeqCst) {
+                    break;
+                }
+                if !c.from_kernel {
+                    let _ = ns::kill(pid1, c.signal);
+                }
+            }
+        });
+}
+
+/// The outer child: namespaces, then pid 1. Returns pid 1's status.
+fn outer_child(
+    req: &SandboxRequest,
+    plan: &[Op],
+    ids: Ids,
+    sock: &UnixStream,
+    supervisor: i32,
+) -> i32 {
+    // Without its supervisor the sandbox has no server: it goes when the supervisor goes, and
+    // pid 1 goes with it (the pid namespace with pid 1).
+    if !matches!(ns::die_with_parent(Some(supervisor)), Ok(true)) {
+        return 1;
+    }
+    // Wait for the supervisor to have the database open.
+    let mut go = [0u8; 1];
+    if !matches!((&*sock).read(&mut go), Ok(1)) || go[0] != b'G' {
+        return 1;
+    }
+    let userns = |what: &str, e: std::io::Error| {
+        send(sock, format!("Euserns_denied\t{what}: {e}").as_bytes());
+        1
+    };
+    if !ids.root {
+        if let Err(e) = ns::unshare(CloneFlags::CLONE_NEWUSER) {
+            return userns("unshare(user)", e);
+        }
+        if let Err(e) = ns::map_self(ids.uid, ids.gid) {
+            return userns("uid_map", e);
+        }
+    }
+    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID;
+    if req.net == Net::None {
+        flags |= CloneFlags::CLONE_NEWNET;
+    }
+    if let Err(e) = ns::unshare(flags) {
+        return userns("unshare(mount, pid)", e);
+    }
+    match ns::fork() {
+        Ok(Forked::Child) => ns::exit_now(pid1(req, plan, ids, sock)),
+        Ok(Forked::Parent(p)) => {
+            send(sock, format!("P{}", p.as_raw()).as_bytes());
+            ns::wait_child(p.as_raw()).unwrap_or(1)
+        }
+        Err(e) => userns("fork", e),
+    }
+}
+
+/// Pid 1 of the sandbox.
+fn pid1(req: &SandboxRequest, plan: &[Op], ids: Ids, sock: &UnixStream) -> i32 {
+    let fail = |f: Failure| {
+        send_failure(sock, &f);
+        1
+    };
+    if ns::die_with_parent(None).is_err() {
+        return 1;
+    }
+    if req.net == Net::None {
+        if let Err(e) = ns::loopback_up() {
+            return fail(Failure::new("mount_failed", "setup", Path::new("lo"), e));
+        }
+    }
+    // Opened here, by a process of the user namespace that will own the mount (the kernel
+    // refuses a connection opened in another one).
+    let fuse = match crate::sys::mount::open_dev_fuse() {
+        Ok(f) => f,
+        Err(e) => {
+            let e = std::io::Error::other(e.to_string());
+            return fail(Failure::new(
+                "mount_failed",
+                "fuse",
+                Path::new("/dev/fuse"),
+                e,
+            ));
+        }
+    };
+    if let Err(f) = view::stage() {
+        return fail(f);
+    }
+    let mut hand_over = |dst: &Path| -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // Root builds the view as itself and runs the command as another id: both use it.
+        ns::mount_fuse(dst, fuse.as_raw_fd(), ids.uid, ids.gid, ids.root)?;
+        ns::send_fd(sock, fuse.as_fd())?;
+        let mut ack = [0u8; 1];
+        match (&*sock).read(&mut ack) {
+            Ok(1) if ack[0] == b'A' => Ok(()),
+            _ => Err(std::io::Error::other("the server did not start")),
+        }
+    };
+    if let Err(f) = view::apply(plan, (ids.uid, ids.gid), &mut hand_over) {
+        return fail(f);
+    }
+    drop(fuse);
+    if let Err(f) = view::enter() {
+        return fail(f);
+    }
+    if ids.root {
+        // A change of ids clears the parent-death signal: set it again.
+        let step = ns::become_ids(ids.uid, ids.gid)
+            .and_then(|_| ns::die_with_parent(None).map(|_| ()))
+            .and_then(|_| ns::unshare(CloneFlags::CLONE_NEWUSER))
+            .and_then(|_| ns::map_self(ids.uid, ids.gid));
+        if let Err(e) = step {
+            return fail(Failure::new("userns_denied", "setup", Path::new("user"), e));
+        }
+    }
+    let (argv, extra_env) = command_line(req);
+    match start_command(req, &argv, &extra_env) {
+        Ok(child) => {
+            send(sock, b"R");
+            reap_until(child)
+        }
+        Err(msg) => {
+            send(sock, format!("Ecommand_failed\t{msg}").as_bytes());
+            127
+        }
+    }
+}
+
+/// The command to run: the request's, or the user's shell with a `[name]` prompt.
+fn command_line(req: &SandboxRequest) -> (Vec<OsString>, Vec<(OsString, OsString)>) {
+    if !req.command.is_empty() {
+        return (req.command.clone(), vec![]);
+    }
+    let shell = req
+        .env
+        .iter()
+        .find(|(k, _)| k == "SHELL")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| "/bin/sh".into());
+    let name = Path::new(&shell)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let prompt = format!(
+        "PS1=\"[{}] $PS1\"\n",
+        req.project.replace(['"', '\\', '$', '`'], "")
+    );
+    match name.as_str() {
+        "bash" => {
+            let rc = PathBuf::from("/tmp/.agentfs-bashrc");
+            let text = format!("[ -f ~/.bashrc ] && . ~/.bashrc\n{prompt}");
+            if std::fs::write(&rc, text).is_ok() {
+                let argv = vec![shell, "--rcfile".into(), rc.into(), "-i".into()];
+                return (argv, vec![]);
+            }
+            (vec![shell], vec![])
+        }
+        "zsh" => {
+            let dir = PathBuf::from("/tmp/.agentfs-zsh");
+            let text = format!("ZDOTDIR=\"$HOME\"\n[ -f ~/.zshrc ] && . ~/.zshrc\n{prompt}");
+            let made = std::fs::create_dir_all(&dir)
+                .and_then(|_| std::fs::write(dir.join(".zshrc"), text));
+            let env = match made {
+                Ok(()) => vec![("ZDOTDIR".into(), dir.into_os_string())],
+                Err(_) => vec![],
+            };
+            (vec![shell], env)
+        }
+        _ => (vec![shell], vec![]),
+    }
+}
+
+/// Fork the command: clean signal mask, no capabilities, no_new_privs, the request's
+/// environment and directory. Returns its pid once it has exec'd, or why it could not.
+fn start_command(
+    req: &SandboxRequest,
+    argv: &[OsString],
+    extra_env: &[(OsString, OsString)],
+) -> Result<i32, String> {
+    let Some((prog, args)) = argv.split_first() else {
+        return Err("an empty command".into());
+    };
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
+    ns::block_signals(&[libc::SIGCHLD]);
+    match ns::fork().map_err(|e| e.to_string())? {
+        Forked::Child => {
+            drop(r);
+            ns::unblock_all();
+            ns::take_terminal();
+            let why = match ns::drop_privileges() {
+                Err(e) => format!("dropping capabilities: {e}"),
+                Ok(()) => {
+                    let e = std::process::Command::new(prog)
+                        .args(args)
+                        .env_clear()
+                        .envs(req.env.iter().map(|(k, v)| (k, v)))
+                        .envs(extra_env.iter().map(|(k, v)| (k, v)))
+                        .env("AGENTFS_SANDBOX", &req.project)
+                        .current_dir(&req.cwd)
+                        .exec();
+                    format!("{}: {e}", Path::new(prog).display())
+                }
+            };
+            let _ = std::fs::File::from(w).write_all(why.as_bytes());
+            ns::exit_now(127)
+        }
+        Forked::Parent(child) => {
+            drop(w);
+            let mut why = String::new();
+            let _ = std::fs::File::from(r).read_to_string(&mut why);
+            if why.is_empty() {
+                Ok(child.as_raw())
+            } else {
+                let _ = ns::wait_child(child.as_raw());
+                Err(why)
+            }
+        }
+    }
+}
+
+/// Reap every child until `child` ends, forwarding signals sent by processes (not by the
+/// terminal) to it; returns its status.
+fn reap_until(child: i32) -> i32 {
+    let mut watched: Vec<i32> = ns::FORWARDED.to_vec();
+    watched.push(libc::SIGCHLD);
+    loop {
+        if let Some(code) = ns::reap(child) {
+            return code;
+        }
+        match ns::wait_signal(&watched) {
+            Some(c) if c.signal != libc::SIGCHLD && !c.from_kernel => {
+                let _ = ns::kill(child, c.signal);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Run one command in the live sandbox of the project, joining its namespaces; without one,
+/// run it in a sandbox of its own for its lifetime.
+pub fn exec(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
+    match record::live(&req.project_dir) {
+        Some(m) => join(req, &m),
+        None => run(req, knobs),
+    }
+}
+
+fn join(req: &SandboxRequest, live: &LiveMarker) -> Result<i32, SandboxError> {
+    let ids = Ids::for_command();
+    let open = |kind: &str| {
+        let p = PathBuf::from(format!("/proc/{}/ns/{kind}", live.pid1));
+        std::fs::File::open(&p).map_err(|e| io_err(&p.display().to_string(), e))
+    };
+    let user = open("user")?;
+    let mnt = open("mnt")?;
+    let pid = open("pid")?;
+    let net = if req.net == Net::None {
+        Some(open("net")?)
+    } else {
+        None
+    };
+    let (sup, inside) = ns::seqpacket_pair().map_err(|e| io_err("socketpair", e))?;
+    ns::block_signals(&ns::FORWARDED);
+    let joiner = match ns::fork() {
+        Ok(Forked::Child) => {
+            drop(sup);
+            let setns = |f: &std::fs::File, k: CloneFlags| {
+                nix::sched::setns(f, k).map_err(|e| std::io::Error::from_raw_os_error(e as i32))
+            };
+            let mut step = Ok(());
+            if !ids.root {
+                step = setns(&user, CloneFlags::CLONE_NEWUSER);
+            }
+            step = step
+                .and_then(|_| setns(&mnt, CloneFlags::CLONE_NEWNS))
+                .and_then(|_| setns(&pid, CloneFlags::CLONE_NEWPID));
+            if let Some(n) = &net {
+                step = step.and_then(|_| setns(n, CloneFlags::CLONE_NEWNET));
+            }
+            if ids.root {
+                step = step
+                    .and_then(|_| ns::become_ids(ids.uid, ids.gid))
+                    .and_then(|_| setns(&user, CloneFlags::CLONE_NEWUSER));
+            }
+            if let Err(e) = step {
+                send(
+                    &inside,
+                    format!("Euserns_denied\tjoining the sandbox: {e}").as_bytes(),
+                );
+                ns::exit_now(1)
+            }
+            let (argv, extra_env) = command_line(req);
+            let code = match start_command(req, &argv, &extra_env) {
+                Ok(child) => reap_until(child),
+                Err(msg) => {
+                    send(&inside, format!("Ecommand_failed\t{msg}").as_bytes());
+                    127
+                }
+            };
+            ns::exit_now(code)
+        }
+        Ok(Forked::Parent(p)) => p.as_raw(),
+        Err(e) => {
+            ns::unblock_signals(&ns::FORWARDED);
+            return Err(io_err("fork", e));
+        }
+    };
+    drop(inside);
+    let done = Arc::new(AtomicBool::new(false));
+    forward_signals(joiner, done.clone());
+    let mut failure = None;
+    while let Ok((msg, _)) = ns::recv_msg(&sup) {
+        match msg.split_first() {
+            Some((b'E', rest)) => {
+                failure.get_or_insert(SandboxError::from_wire(&String::from_utf8_lossy(rest)))
+            }
+            Some(_) => continue,
+            None => break,
+        };
+    }
+    let status = ns::wait_child(joiner).map_err(|e| io_err("waiting for the command", e));
+    done.store(true, Ordering::SeqCst);
+    ns::unblock_signals(&ns::FORWARDED);
+    match failure {
+        Some(f) => Err(f),
+        None => status,
+    }
+}

@@ -1,0 +1,160 @@
+//! What a run leaves in the project's directory: `live.json` while it runs, and
+//! `runs/<start>-<pid>.json` with what it actually enforced.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::plan::Op;
+
+/// Present while a sandbox of the project runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LiveMarker {
+    /// The `agentfs run` process.
+    pub supervisor: i32,
+    /// The sandbox's pid 1, as the host sees it (`exec` joins its namespaces).
+    pub pid1: i32,
+    /// The process serving the project's delta.
+    pub server: i32,
+    /// Unix seconds.
+    pub started: u64,
+    pub source: PathBuf,
+}
+
+/// One mount of the view and the mode it ended with.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MountRecord {
+    pub op: String,
+    pub path: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub source: Option<PathBuf>,
+    pub mode: String,
+}
+
+/// What one run enforced, written when it starts and completed when it ends.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub project: String,
+    pub source: PathBuf,
+    pub supervisor: i32,
+    pub namespaces: Vec<String>,
+    pub mounts: Vec<MountRecord>,
+    pub masks: Vec<PathBuf>,
+    pub writable_roots: Vec<PathBuf>,
+    pub net: String,
+    pub home: String,
+    pub uid_inside: u32,
+    pub gid_inside: u32,
+    pub uid_host: u32,
+    pub gid_host: u32,
+    pub backend: String,
+    pub command: Vec<String>,
+    pub cwd: PathBuf,
+    /// Unix seconds.
+    pub started: u64,
+    pub ended: Option<u64>,
+    /// The status propagated to the caller (128+N when killed by signal N).
+    pub exit_status: Option<i32>,
+    /// The named error when the run did not start or its server failed.
+    pub error: Option<String>,
+}
+
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl RunRecord {
+    /// The mounts of `plan` with the mode each ends with.
+    pub fn mounts_of(plan: &[Op]) -> Vec<MountRecord> {
+        let writable: Vec<&Path> = plan
+            .iter()
+            .filter(|o| matches!(o, Op::Writable { .. }))
+            .map(|o| o.path())
+            .collect();
+        plan.iter()
+            .filter(|o| {
+                !matches!(
+                    o,
+                    Op::Symlink { .. } | Op::ReadOnly { .. } | Op::Writable { .. }
+                )
+            })
+            .map(|o| MountRecord {
+                op: o.name().to_string(),
+                path: o.path().to_path_buf(),
+                source: match o {
+                    Op::RoBind { src, .. } | Op::Bind { src, .. } => Some(src.clone()),
+                    _ => None,
+                },
+                mode: match o {
+                    Op::DevNode { .. } | Op::Devpts { .. } => "dev",
+                    _ if writable.contains(&o.path()) => "rw",
+                    _ => "ro",
+                }
+                .to_string(),
+            })
+            .collect()
+    }
+
+    /// Where this record lives in `project_dir`.
+    pub fn path(&self, project_dir: &Path) -> PathBuf {
+        project_dir
+            .join("runs")
+            .join(format!("{}-{}.json", self.started, self.supervisor))
+    }
+
+    pub fn write(&self, project_dir: &Path) -> std::io::Result<()> {
+        let p = self.path(project_dir);
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        let tmp = p.with_extension("tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(tmp, p)
+    }
+}
+
+/// The newest run record of the project, if any.
+pub fn latest_record(project_dir: &Path) -> Option<RunRecord> {
+    let mut names: Vec<(u64, i32, PathBuf)> = std::fs::read_dir(project_dir.join("runs"))
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let p = e.path();
+            let stem = p.file_stem()?.to_str()?.to_string();
+            let (t, pid) = stem.split_once('-')?;
+            (p.extension()? == "json").then_some(())?;
+            Some((t.parse().ok()?, pid.parse().ok()?, p))
+        })
+        .collect();
+    names.sort();
+    let (_, _, p) = names.pop()?;
+    serde_json::from_slice(&std::fs::read(p).ok()?).ok()
+}
+
+fn marker_path(project_dir: &Path) -> PathBuf {
+    project_dir.join("live.json")
+}
+
+/// The live sandbox of the project: None when there is none, or when the marker is stale
+/// (its supervisor or pid 1 is gone).
+pub fn live(project_dir: &Path) -> Option<LiveMarker> {
+    let m: LiveMarker =
+        serde_json::from_slice(&std::fs::read(marker_path(project_dir)).ok()?).ok()?;
+    let alive = crate::sys::ns::alive(m.supervisor) && crate::sys::ns::alive(m.pid1);
+    alive.then_some(m)
+}
+
+pub fn write_live(project_dir: &Path, m: &LiveMarker) -> std::io::Result<()> {
+    let text = serde_json::to_string_pretty(m).map_err(std::io::Error::other)?;
+    let tmp = project_dir.join("live.json.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(tmp, marker_path(project_dir))
+}
+
+pub fn remove_live(project_dir: &Path) {
+    let _ = std::fs::remove_file(marker_path(project_dir));
+}
