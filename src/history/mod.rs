@@ -17,7 +17,7 @@ use std::path::Path;
 use rusqlite::Connection;
 
 use crate::store::overlay::join;
-use crate::store::upper::{Body, NewNode, UpperCut, UpperWriter};
+use crate::store::upper::{Body, NewNode, Node, UpperCut, UpperWriter};
 use crate::store::{Ino, Store, Timespec};
 use db::{Db, FileKey, Unreachable};
 pub use ignore::Ignore;
@@ -126,10 +126,6 @@ fn now() -> (i64, u32) {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     (d.as_secs() as i64, d.subsec_nanos())
-}
-
-fn show(p: &[u8]) -> String {
-    String::from_utf8_lossy(p).into_owned()
 }
 
 /// A tag name: 1..100 bytes of letters, digits, `.`, `_`, `-`; not `HEAD` nor a hash-like word.
@@ -246,81 +242,74 @@ impl Walk<'_, '_> {
         Ok(h)
     }
 
-    fn blob(&mut self, ino: Ino, key: FileKey) -> Result<Hash, String> {
+    fn blob(&mut self, n: &Node) -> Result<Hash, String> {
+        let key = FileKey {
+            ino: n.ino.0 as i64,
+            size: n.size as i64,
+            mtime: (n.mtime.sec, n.mtime.nsec),
+            ctime: (n.ctime.sec, n.ctime.nsec),
+        };
         self.seen.insert(key.ino);
+        // A cached blob is stored: gc deletes a blob's cache rows in its own transaction.
         if let Some((k, h)) = self.cache.get(&key.ino) {
-            if *k == key && db::has(self.c, h).map_err(|e| e.to_string())? {
+            if *k == key {
                 self.report.files_cached += 1;
                 return Ok(*h);
             }
         }
-        let bytes = self.cut.content(ino)?;
+        let bytes = self.cut.content(n.ino)?;
         self.report.files_hashed += 1;
         let h = self.put(ObjKind::Blob, &bytes, &[])?;
         self.fresh.push((key, h));
         Ok(h)
     }
 
-    fn entry(&mut self, path: &[u8], name: &[u8]) -> Result<Entry, String> {
-        let e = self
-            .cut
-            .delta
-            .entries
-            .get(path)
-            .ok_or_else(|| format!("{}: vanished during the walk", show(path)))?;
-        let m = e.meta.clone();
+    /// The entry of `n`; `depth` bounds the recursion by the deepest possible path.
+    fn entry(&mut self, n: &Node, root: bool, depth: usize) -> Result<Entry, String> {
         self.report.entries += 1;
-        let target = match m.mode & libc::S_IFMT {
+        let target = match n.mode & libc::S_IFMT {
             libc::S_IFDIR => Target::Dir {
-                tree: self.dir(path)?,
+                tree: self.dir(n.ino, depth + 1)?,
             },
             libc::S_IFREG => Target::File {
-                blob: self.blob(
-                    m.ino,
-                    FileKey {
-                        ino: m.ino.0 as i64,
-                        size: m.size as i64,
-                        mtime: (m.mtime.sec, m.mtime.nsec),
-                        ctime: (m.ctime.sec, m.ctime.nsec),
-                    },
-                )?,
-                size: m.size,
+                blob: self.blob(n)?,
+                size: n.size,
             },
             libc::S_IFLNK => Target::Symlink {
-                target: self.cut.symlink(m.ino)?,
+                target: self.cut.symlink(n.ino)?,
             },
             _ => Target::Special,
         };
         Ok(Entry {
-            name: name.to_vec(),
-            mode: m.mode,
-            uid: m.uid,
-            gid: m.gid,
-            rdev: m.rdev,
-            mtime_sec: m.mtime.sec,
-            mtime_nsec: m.mtime.nsec,
-            origin: if path == b"/" {
-                None
-            } else {
-                self.cut.origin(m.ino)
-            },
-            xattrs: self.cut.xattrs(m.ino)?,
+            name: n.name.clone(),
+            mode: n.mode,
+            uid: n.uid,
+            gid: n.gid,
+            rdev: n.rdev,
+            mtime_sec: n.mtime.sec,
+            mtime_nsec: n.mtime.nsec,
+            origin: if root { None } else { self.cut.origin(n.ino) },
+            xattrs: self.cut.xattrs(n.ino),
             target,
         })
     }
 
-    fn dir(&mut self, path: &[u8]) -> Result<Hash, String> {
-        let children = match self.cut.delta.entries.get(path) {
-            Some(e) => e.children.clone(),
-            None => return Err(format!("{}: vanished during the walk", show(path))),
-        };
-        let mut entries = Vec::with_capacity(children.len());
-        for name in children {
-            if self.ignore.name(&name) {
+    fn dir(&mut self, ino: Ino, depth: usize) -> Result<Hash, String> {
+        // A path has at most PATH_MAX / 2 components: deeper means a cycle of names.
+        if depth > libc::PATH_MAX as usize / 2 {
+            return Err(format!(
+                "directory inode {} is nested too deep (a cycle?)",
+                ino.0
+            ));
+        }
+        let cut = self.cut;
+        let mut entries = Vec::new();
+        for child in cut.children(ino) {
+            if self.ignore.name(&child.name) {
                 self.report.ignored += 1;
                 continue;
             }
-            entries.push(self.entry(&join(path, &name), &name)?);
+            entries.push(self.entry(child, false, depth)?);
         }
         let raw = encode_tree(&mut entries);
         let refs: Vec<Hash> = entries.iter().filter_map(Entry::child).collect();
@@ -328,10 +317,11 @@ impl Walk<'_, '_> {
     }
 
     fn state(&mut self) -> Result<State, String> {
-        let root = self.entry(b"/", b"")?;
+        let cut = self.cut;
+        let root = self.entry(&cut.root, true, 0)?;
         self.report.entries -= 1;
         let mut paths: Vec<Vec<u8>> = Vec::new();
-        for p in &self.cut.delta.whiteout_set {
+        for p in &cut.whiteouts {
             if self.ignore.path(p) {
                 self.report.ignored += 1;
             } else {

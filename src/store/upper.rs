@@ -12,23 +12,49 @@ use std::collections::{HashMap, HashSet};
 use rusqlite::Connection;
 
 use super::backup::PartialOrigin;
-use super::inode::{bytes_of, delete_rows, sql_ino, Name};
-use super::overlay::{join, parent_path, partial_origins_by_ino, read_content, read_delta, Delta};
+use super::inode::{bytes_of, delete_rows, Name};
+use super::overlay::{join, parent_path, partial_origins_by_ino, read_content, read_delta};
 use super::{data, namespace, xattr, FsConfig, Ino, Store, Timespec};
 use crate::errno::Errno;
+
+/// One named object of the upper layer (or the root, with an empty name).
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub rdev: u32,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+}
 
 /// A read-only view of the upper layer inside one read transaction.
 pub struct UpperCut<'a> {
     c: &'a Connection,
     cfg: FsConfig,
-    /// The tree from the root (by absolute path) and the whiteouts.
-    pub delta: Delta,
+    pub root: Node,
+    /// Every name by directory inode, read in one scan.
+    children: HashMap<i64, Vec<Node>>,
+    /// Every whiteout path.
+    pub whiteouts: Vec<Vec<u8>>,
     partial: HashMap<i64, PartialOrigin>,
     origins: HashMap<i64, i64>,
-    xattrs: bool,
+    /// Every attribute by inode, read up front (most inodes have none).
+    xattrs: HashMap<i64, Vec<(Vec<u8>, Vec<u8>)>>,
 }
 
 impl UpperCut<'_> {
+    /// The entries of directory `ino` (in no particular order).
+    pub fn children(&self, ino: Ino) -> &[Node] {
+        i64::try_from(ino.0)
+            .ok()
+            .and_then(|i| self.children.get(&i))
+            .map_or(&[], Vec::as_slice)
+    }
+
     /// The whole content of regular file `ino` (a partial-origin file with its base bytes).
     pub fn content(&self, ino: Ino) -> Result<Vec<u8>, String> {
         let po = i64::try_from(ino.0).ok().and_then(|i| self.partial.get(&i));
@@ -41,28 +67,15 @@ impl UpperCut<'_> {
     }
 
     /// Every extended attribute of `ino` as (name, value), sorted by name.
-    pub fn xattrs(&self, ino: Ino) -> Result<Vec<(Vec<u8>, Vec<u8>)>, String> {
-        if !self.xattrs {
-            return Ok(Vec::new());
-        }
-        let what = |e: rusqlite::Error| format!("inode {}: xattrs: {e}", ino.0);
-        let id = sql_ino(ino).map_err(|e| format!("inode {}: {e}", ino.0))?;
-        let mut st = self
-            .c
-            .prepare_cached("SELECT name, value FROM fs_xattr WHERE ino = ?1 ORDER BY name")
-            .map_err(what)?;
-        let rows = st
-            .query_map([id], |r| {
-                Ok((bytes_of(r.get_ref(0)?), bytes_of(r.get_ref(1)?)))
-            })
-            .map_err(what)?;
-        let mut out: Vec<(Vec<u8>, Vec<u8>)> =
-            rows.collect::<rusqlite::Result<_>>().map_err(what)?;
-        out.sort();
-        Ok(out)
+    pub fn xattrs(&self, ino: Ino) -> Vec<(Vec<u8>, Vec<u8>)> {
+        i64::try_from(ino.0)
+            .ok()
+            .and_then(|i| self.xattrs.get(&i))
+            .cloned()
+            .unwrap_or_default()
     }
 
-    /// The base inode number a copied-up object keeps reporting (its `fs_origin` row).
+    /// The base inode number a copy-up keeps reporting (its `fs_origin` row).
     pub fn origin(&self, ino: Ino) -> Option<u64> {
         let id = i64::try_from(ino.0).ok()?;
         self.origins.get(&id).map(|b| *b as u64)
@@ -249,17 +262,25 @@ impl Store {
         f: impl FnOnce(&UpperCut<'_>) -> Result<T, String>,
     ) -> Result<T, String> {
         let cfg = self.config();
-        let xattrs = self.xattrs;
+        let has_xattrs = self.xattrs;
         let mut out = None;
         self.read_tx(|c| {
             out = Some((|| {
-                let delta = read_delta(c).map_err(|e| format!("reading the tree: {e}"))?;
+                let (root, children) = read_nodes(c).map_err(sql("reading the tree"))?;
+                let whiteouts = read_whiteouts(c).map_err(sql("fs_whiteout"))?;
                 let partial = partial_origins_by_ino(c).map_err(sql("fs_partial_origin"))?;
                 let origins = read_origins(c).map_err(sql("fs_origin"))?;
+                let xattrs = if has_xattrs {
+                    read_xattrs(c).map_err(sql("fs_xattr"))?
+                } else {
+                    HashMap::new()
+                };
                 f(&UpperCut {
                     c,
                     cfg,
-                    delta,
+                    root,
+                    children,
+                    whiteouts,
                     partial,
                     origins,
                     xattrs,
@@ -282,7 +303,15 @@ impl Store {
     ) -> Result<Kept, String> {
         let cfg = self.config();
         let mut failed = None;
-        let out = self.write_tx(|c| {
+        // Its own transaction, not a savepoint of a namespace batch: a savepoint would copy
+        // every page the replacement changes to a statement journal, statement by statement.
+        let w = self
+            .writer
+            .as_ref()
+            .ok_or_else(|| format!("{}: opened read-only", self.path().display()))?;
+        self.admit(super::space::Need::Free)
+            .map_err(|e| format!("{}: {e}", self.path().display()))?;
+        let out = w.transact_alone(|c| {
             let r = replace_in(c, cfg, keep, fill);
             match r {
                 Ok(k) => Ok(k),
@@ -302,6 +331,78 @@ impl Store {
             .map_err(|e| format!("{}: commit: {e}", self.path().display()))?;
         Ok(kept)
     }
+}
+
+const NODE_COLS: &str = "i.ino, i.mode, i.uid, i.gid, i.size, i.rdev, i.mtime, i.mtime_nsec, \
+                         i.ctime, i.ctime_nsec";
+
+fn node(r: &rusqlite::Row<'_>, name: Vec<u8>, at: usize) -> rusqlite::Result<Node> {
+    let t = |s: usize| -> rusqlite::Result<Timespec> {
+        Ok(Timespec {
+            sec: r.get(at + s)?,
+            nsec: r.get::<_, i64>(at + s + 1)?.clamp(0, 999_999_999) as u32,
+        })
+    };
+    Ok(Node {
+        name,
+        ino: Ino(r.get::<_, i64>(at)? as u64),
+        mode: r.get::<_, i64>(at + 1)? as u32,
+        uid: r.get::<_, i64>(at + 2)? as u32,
+        gid: r.get::<_, i64>(at + 3)? as u32,
+        size: r.get::<_, i64>(at + 4)?.max(0) as u64,
+        rdev: r.get::<_, i64>(at + 5)? as u32,
+        mtime: t(6)?,
+        ctime: t(8)?,
+    })
+}
+
+/// The root and every name by directory, in one scan of the names (cheaper than a query per
+/// directory; what the root does not reach is never visited by a walk from it).
+fn read_nodes(c: &Connection) -> rusqlite::Result<(Node, HashMap<i64, Vec<Node>>)> {
+    let root = c.query_row(
+        &format!("SELECT {NODE_COLS} FROM fs_inode i WHERE i.ino = 1"),
+        [],
+        |r| node(r, Vec::new(), 0),
+    )?;
+    let mut st = c.prepare(&format!(
+        "SELECT d.parent_ino, d.name, {NODE_COLS} FROM fs_dentry d JOIN fs_inode i ON i.ino = d.ino"
+    ))?;
+    let rows = st.query_map([], |r| {
+        let name = bytes_of(r.get_ref(1)?);
+        Ok((r.get::<_, i64>(0)?, node(r, name, 2)?))
+    })?;
+    let mut out: HashMap<i64, Vec<Node>> = HashMap::new();
+    for row in rows {
+        let (parent, n) = row?;
+        out.entry(parent).or_default().push(n);
+    }
+    Ok((root, out))
+}
+
+fn read_whiteouts(c: &Connection) -> rusqlite::Result<Vec<Vec<u8>>> {
+    let mut st = c.prepare("SELECT path FROM fs_whiteout")?;
+    let rows = st.query_map([], |r| Ok(bytes_of(r.get_ref(0)?)))?;
+    rows.collect()
+}
+
+fn read_xattrs(c: &Connection) -> rusqlite::Result<HashMap<i64, Vec<(Vec<u8>, Vec<u8>)>>> {
+    let mut st = c.prepare("SELECT ino, name, value FROM fs_xattr ORDER BY ino, name")?;
+    let rows = st.query_map([], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            bytes_of(r.get_ref(1)?),
+            bytes_of(r.get_ref(2)?),
+        ))
+    })?;
+    let mut out: HashMap<i64, Vec<(Vec<u8>, Vec<u8>)>> = HashMap::new();
+    for row in rows {
+        let (ino, name, value) = row?;
+        out.entry(ino).or_default().push((name, value));
+    }
+    for v in out.values_mut() {
+        v.sort();
+    }
+    Ok(out)
 }
 
 fn read_origins(c: &Connection) -> rusqlite::Result<HashMap<i64, i64>> {
