@@ -17,6 +17,9 @@ use super::overlay::{join, parent_path, partial_origins_by_ino, read_content, re
 use super::{data, namespace, xattr, FsConfig, Ino, Store, Timespec};
 use crate::errno::Errno;
 
+/// Extended attributes as (name, value) pairs.
+pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// One named object of the upper layer (or the root, with an empty name).
 #[derive(Clone, Debug)]
 pub struct Node {
@@ -43,7 +46,7 @@ pub struct UpperCut<'a> {
     partial: HashMap<i64, PartialOrigin>,
     origins: HashMap<i64, i64>,
     /// Every attribute by inode, read up front (most inodes have none).
-    xattrs: HashMap<i64, Vec<(Vec<u8>, Vec<u8>)>>,
+    xattrs: HashMap<i64, Xattrs>,
 }
 
 impl UpperCut<'_> {
@@ -67,7 +70,7 @@ impl UpperCut<'_> {
     }
 
     /// Every extended attribute of `ino` as (name, value), sorted by name.
-    pub fn xattrs(&self, ino: Ino) -> Vec<(Vec<u8>, Vec<u8>)> {
+    pub fn xattrs(&self, ino: Ino) -> Xattrs {
         i64::try_from(ino.0)
             .ok()
             .and_then(|i| self.xattrs.get(&i))
@@ -385,7 +388,7 @@ fn read_whiteouts(c: &Connection) -> rusqlite::Result<Vec<Vec<u8>>> {
     rows.collect()
 }
 
-fn read_xattrs(c: &Connection) -> rusqlite::Result<HashMap<i64, Vec<(Vec<u8>, Vec<u8>)>>> {
+fn read_xattrs(c: &Connection) -> rusqlite::Result<HashMap<i64, Xattrs>> {
     let mut st = c.prepare("SELECT ino, name, value FROM fs_xattr ORDER BY ino, name")?;
     let rows = st.query_map([], |r| {
         Ok((
@@ -394,7 +397,7 @@ fn read_xattrs(c: &Connection) -> rusqlite::Result<HashMap<i64, Vec<(Vec<u8>, Ve
             bytes_of(r.get_ref(2)?),
         ))
     })?;
-    let mut out: HashMap<i64, Vec<(Vec<u8>, Vec<u8>)>> = HashMap::new();
+    let mut out: HashMap<i64, Xattrs> = HashMap::new();
     for row in rows {
         let (ino, name, value) = row?;
         out.entry(ino).or_default().push((name, value));
