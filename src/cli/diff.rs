@@ -1,4 +1,5 @@
-//! `agentfs diff DB [--name-only | --patch | --json]`
+//! `agentfs diff DB [--name-only | --patch | --json]`, and `agentfs diff NAME A B [--json]`:
+//! with three arguments the first is a project and the others two of its snapshots.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -10,8 +11,11 @@ use crate::delta::{Overlay, Side};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The overlay delta database (made with `agentfs init --base`) or a project name; safe
-    /// while mounted.
+    /// while mounted. With two more arguments: a project name.
     pub db: PathBuf,
+    /// Two snapshots of project DB (tags, hashes, HEAD~N) to compare path by path instead.
+    #[arg(num_args = 0..=2, conflicts_with_all = ["name_only", "patch"])]
+    pub snapshots: Vec<String>,
     /// Print only the changed paths, one per line.
     #[arg(long, conflicts_with_all = ["patch", "json"])]
     pub name_only: bool,
@@ -30,6 +34,11 @@ fn mode_str(s: Option<&Side>) -> serde_json::Value {
 }
 
 pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
+    match a.snapshots.as_slice() {
+        [] => {}
+        [x, y] => return super::history::diff(&a.db.to_string_lossy(), x, y, a.json),
+        _ => return Err("diff takes DB, or NAME A B (two snapshots of a project)".into()),
+    }
     a.db = crate::project::delta_path(&a.db, knobs).map_err(|e| e.to_string())?;
     let overlay = Overlay::open(&a.db)?;
     let changes = overlay.changes()?;

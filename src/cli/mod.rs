@@ -6,6 +6,7 @@ mod backup;
 mod diff;
 mod fs;
 mod fsck;
+mod history;
 mod init;
 mod integrity;
 mod kv;
@@ -77,6 +78,19 @@ enum Command {
     Tools(tools::Args),
     /// Print the knob ledger (KNOBS.md).
     Knobs,
+    /// Snapshot a project's upper layer (a tag names it; -m records a message).
+    Snap(history::SnapArgs),
+    /// List every snapshot of a project, oldest first; the current one (HEAD) is marked *.
+    List(history::NameArgs),
+    /// Show a project's history back from HEAD, with each commit's kind.
+    Log(history::NameArgs),
+    /// Make a project's upper layer equal a snapshot, as a new commit (not while it runs).
+    Restore(history::RestoreArgs),
+    /// Go back to the state before the last commit, as a new commit (undo again goes forward).
+    Undo(history::NameArgs),
+    /// Delete the snapshot objects no tag or HEAD reaches (--dry-run lists them; --check
+    /// checks the store).
+    Gc(history::GcArgs),
 }
 
 /// A failure of a subcommand, printed as `agentfs: <message>`.
@@ -118,6 +132,12 @@ pub fn main() -> i32 {
         Command::Materialize(a) => materialize::run(a),
         Command::Kv(a) => kv::run(a),
         Command::Tools(a) => tools::run(a),
+        Command::Snap(a) => history::snap(a),
+        Command::List(a) => history::list(a),
+        Command::Log(a) => history::log(a),
+        Command::Restore(a) => history::restore(a),
+        Command::Undo(a) => history::undo(a),
+        Command::Gc(a) => history::gc(a),
         Command::Knobs => {
             print!("{}", crate::knobs::LEDGER_MARKDOWN);
             Ok(0)

@@ -77,6 +77,10 @@ pub struct ProjectSection {
     pub source: Option<PathBuf>,
     #[serde(default)]
     pub backend: Backend,
+    /// Glob patterns the history skips at snapshot time (absent: the defaults in
+    /// docs/history.md); the sandbox still shows and writes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

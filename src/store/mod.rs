@@ -45,6 +45,7 @@ mod stat;
 #[cfg(test)]
 mod tests;
 pub mod tools;
+pub mod upper;
 mod xattr;
 
 pub use check::{Finding, QuickCheck};
