@@ -693,7 +693,7 @@ fn an_unprivileged_user_runs_a_sandbox() {
         eprintln!("skipping: the test binary is not reachable by an ordinary user");
         return;
     }
-    let _open = DevFuseMode::open_up();
+    let _open = common::DevFuseMode::open_up();
     let p = Project::new("rootless", Some(ids));
     let before = listing(p.source());
     let out = p.run(&format!(
@@ -744,24 +744,6 @@ fn disabled_user_namespaces_refuse_the_launch_and_nothing_runs() {
     );
     assert!(!flag.exists(), "the command ran");
     assert!(agentfs::sandbox::latest_record(&p.spec.project_dir).is_none());
-}
-
-struct DevFuseMode {
-    original: u32,
-}
-
-impl DevFuseMode {
-    fn open_up() -> Self {
-        let original = fs::metadata("/dev/fuse").unwrap().permissions().mode();
-        fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o20666)).unwrap();
-        DevFuseMode { original }
-    }
-}
-
-impl Drop for DevFuseMode {
-    fn drop(&mut self) {
-        let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.original));
-    }
 }
 
 const TEST_USER: &str = "agentfs-sbx";

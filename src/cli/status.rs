@@ -1,7 +1,5 @@
 //! `agentfs status [NAME] [--all] [--json]`
 
-use std::path::Path;
-
 use serde_json::{json, Value};
 
 use crate::knobs::Knobs;
@@ -54,27 +52,6 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
     Ok(0)
 }
 
-/// Whether process `pid` exists.
-fn alive(pid: u64) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// A JSON file's content, None when absent or unreadable.
-fn read_json(path: &Path) -> Option<Value> {
-    let text = std::fs::read_to_string(path).ok()?;
-    serde_json::from_str(&text).ok()
-}
-
-/// The newest run record of a project.
-fn last_run(p: &Project) -> Option<Value> {
-    let newest = std::fs::read_dir(p.runs_dir())
-        .ok()?
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
-        .max_by_key(|e| (e.metadata().and_then(|m| m.modified()).ok(), e.file_name()))?;
-    read_json(&newest.path())
-}
-
 /// One project as JSON: name, source, delta size, the live sandbox (its pids, each checked
 /// alive), the last run record; a project whose config cannot be read gives its error.
 fn project_json(name: &str, p: Result<Project, project::Error>) -> Value {
@@ -82,29 +59,29 @@ fn project_json(name: &str, p: Result<Project, project::Error>) -> Value {
         Ok(p) => p,
         Err(e) => return json!({ "name": name, "error": e.to_string() }),
     };
-    let live_record = read_json(&p.live_path());
-    let pids: Vec<Value> = live_record
-        .as_ref()
-        .and_then(Value::as_object)
-        .map(|o| {
-            o.iter()
-                .filter(|(k, _)| k.ends_with("pid"))
-                .filter_map(|(k, v)| v.as_u64().map(|pid| (k, pid)))
-                .map(|(k, pid)| json!({ "role": k, "pid": pid, "alive": alive(pid) }))
-                .collect()
+    // The sandbox's own reading of its marker: live only while its supervisor and pid 1 are.
+    let live = crate::sandbox::live(&p.dir);
+    let pids: Vec<Value> = live
+        .iter()
+        .flat_map(|m| {
+            [
+                ("supervisor", m.supervisor),
+                ("pid1", m.pid1),
+                ("server", m.server),
+            ]
         })
-        .unwrap_or_default();
-    let live = pids.iter().any(|x| x["alive"] == json!(true));
+        .map(|(role, pid)| json!({ "role": role, "pid": pid, "alive": true }))
+        .collect();
     json!({
         "name": p.name,
         "dir": p.dir,
         "source": p.source(),
         "backend": p.config.project.backend,
         "delta_bytes": p.delta_bytes(),
-        "live": live,
+        "live": live.is_some(),
         "pids": pids,
-        "live_record": live_record,
-        "last_run": last_run(&p),
+        "live_record": live,
+        "last_run": crate::sandbox::latest_record(&p.dir),
     })
 }
 

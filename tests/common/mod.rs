@@ -357,33 +357,53 @@ pub fn settled_record(pid: u32) -> agentfs::sys::registry::ServerRecord {
 }
 
 /// /dev/fuse opened to every user for the life of the value (it is root-only on this kind of
-/// machine), then restored.
-pub struct DevFuseMode {
+/// machine), then restored. The mode is global: the first holder in a process takes a lock file
+/// that other test processes wait for, later holders in the same process share it, and the last
+/// one to drop restores the mode.
+pub struct DevFuseMode(());
+
+struct DevFuseShared {
+    holders: usize,
     original: u32,
     _lock: fs::File,
 }
 
+static DEV_FUSE_MODE: std::sync::Mutex<Option<DevFuseShared>> = std::sync::Mutex::new(None);
+
 impl DevFuseMode {
-    /// Open /dev/fuse to every user until dropped. The mode is global, so every test that
-    /// opens it holds a lock file meanwhile: another test (of this binary or another) must not
-    /// restore 0600 under it.
     pub fn open_up() -> Self {
-        let lock = fs::File::create(std::env::temp_dir().join("agentfs-dev-fuse-mode.lock"))
-            .expect("lock file");
-        // SAFETY: flock on an fd owned by `lock`.
-        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
-        let original = fs::metadata("/dev/fuse").unwrap().permissions().mode();
-        fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o20666)).unwrap();
-        DevFuseMode {
-            original,
-            _lock: lock,
+        let mut shared = DEV_FUSE_MODE.lock().unwrap_or_else(|e| e.into_inner());
+        match shared.as_mut() {
+            Some(s) => s.holders += 1,
+            None => {
+                let lock =
+                    fs::File::create(std::env::temp_dir().join("agentfs-dev-fuse-mode.lock"))
+                        .expect("lock file");
+                // SAFETY: flock on an fd owned by `lock`.
+                unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+                let original = fs::metadata("/dev/fuse").unwrap().permissions().mode();
+                fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o20666)).unwrap();
+                *shared = Some(DevFuseShared {
+                    holders: 1,
+                    original,
+                    _lock: lock,
+                });
+            }
         }
+        DevFuseMode(())
     }
 }
 
 impl Drop for DevFuseMode {
     fn drop(&mut self) {
-        let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.original));
+        let mut shared = DEV_FUSE_MODE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = shared.as_mut() {
+            s.holders -= 1;
+            if s.holders == 0 {
+                let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(s.original));
+                *shared = None;
+            }
+        }
     }
 }
 

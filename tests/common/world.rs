@@ -18,6 +18,8 @@ pub struct World {
     pub base: PathBuf,
     pub home: PathBuf,
     pub user: Option<u32>,
+    /// An ordinary user's world needs /dev/fuse open to every user while it lives.
+    _dev_fuse: Option<super::DevFuseMode>,
 }
 
 impl World {
@@ -32,6 +34,7 @@ impl World {
             base,
             home,
             user,
+            _dev_fuse: user.map(|_| super::DevFuseMode::open_up()),
         };
         w.own(&w.base.clone());
         w.own(&w.home.clone());
