@@ -11,6 +11,7 @@ pub mod delta;
 pub mod dispatch;
 pub mod errno;
 pub mod knobs;
+pub mod memory;
 pub mod overlay;
 pub mod protocol;
 pub mod sandbox;

@@ -49,6 +49,9 @@ pub fn run(a: Args) -> super::CliResult {
             s.db.display(),
             if live { "" } else { " (not mounted)" }
         );
+        if s.memory.budget > 0 {
+            println!("{:<8} {}", "", memory_line(&s.memory));
+        }
         if let Some(log) = &s.log {
             println!("{:<8} log: {}", "", log.display());
         }
@@ -72,4 +75,19 @@ pub fn run(a: Args) -> super::CliResult {
         );
     }
     Ok(0)
+}
+
+/// The server's resident memory and the budget's breakdown by consumer, in MiB.
+fn memory_line(m: &crate::memory::Usage) -> String {
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    format!(
+        "memory: rss {:.1} MiB; budget {:.0} MiB: sqlite {:.1}, caches {:.1}, write batches {:.1}, \
+         request buffers {:.1}",
+        mib(m.rss),
+        mib(m.budget),
+        mib(m.sqlite),
+        mib(m.caches),
+        mib(m.batch),
+        mib(m.transport)
+    )
 }

@@ -30,6 +30,8 @@ pub struct ServerRecord {
     /// Pages of the database, and those on its free list.
     pub db_pages: u64,
     pub free_pages: u64,
+    /// Resident memory and the memory budget's breakdown by consumer.
+    pub memory: crate::memory::Usage,
 }
 
 pub fn runtime_dir() -> PathBuf {
@@ -99,6 +101,11 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
         rec.db_pages,
         rec.free_pages
     );
+    let m = &rec.memory;
+    text.push_str(&format!(
+        "rss={}\nmem_budget={}\nmem_sqlite={}\nmem_caches={}\nmem_batch={}\nmem_transport={}\n",
+        m.rss, m.budget, m.sqlite, m.caches, m.batch, m.transport
+    ));
     if let Some(log) = &rec.log {
         text.push_str(&format!("log={}\n", log.display()));
     }
@@ -131,6 +138,12 @@ fn parse(text: &str) -> Option<ServerRecord> {
             Some(("lost", v)) => rec.lost = v.to_string(),
             Some(("db_pages", v)) => rec.db_pages = v.parse().unwrap_or(0),
             Some(("free_pages", v)) => rec.free_pages = v.parse().unwrap_or(0),
+            Some(("rss", v)) => rec.memory.rss = v.parse().unwrap_or(0),
+            Some(("mem_budget", v)) => rec.memory.budget = v.parse().unwrap_or(0),
+            Some(("mem_sqlite", v)) => rec.memory.sqlite = v.parse().unwrap_or(0),
+            Some(("mem_caches", v)) => rec.memory.caches = v.parse().unwrap_or(0),
+            Some(("mem_batch", v)) => rec.memory.batch = v.parse().unwrap_or(0),
+            Some(("mem_transport", v)) => rec.memory.transport = v.parse().unwrap_or(0),
             _ => {}
         }
     }

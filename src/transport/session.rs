@@ -61,6 +61,7 @@ pub fn run(
     log: Option<PathBuf>,
 ) -> Result<(), SessionError> {
     let mnt = mount::check_mount_point(&cfg.mount_point, cfg.options.nonempty)?;
+    crate::sys::memory::return_large_frees();
     let db = std::fs::canonicalize(&cfg.db).unwrap_or_else(|_| cfg.db.clone());
     let _lock = lock::lock_db(&db)?;
     let store = Arc::new(Store::open(&db, cfg.options.readonly)?);
@@ -115,6 +116,9 @@ pub fn run(
     }
     let ring_stats = Arc::new(uring::RingStats::default());
     let ring_queues = queues.len();
+    let buf_size = negotiated.max_write as usize + 64 * 1024;
+    let threads = knobs.fuse_threads.max(1) as usize;
+    let transport_bytes = uring::mapped_bytes(&queues) + (threads * buf_size) as u64;
     let shards = Shards::start(knobs.fuse_workers as usize, dispatcher.clone());
     let mut workers = uring::start(queues, chan.raw_fd(), shards.clone(), ring_stats.clone());
     tracing::info!(
@@ -143,6 +147,7 @@ pub fn run(
         ring: ring_stats.clone(),
         shards: shards.clone(),
         served: std::sync::atomic::AtomicU64::new(u64::MAX),
+        memory: crate::memory::Idle::new(knobs, transport_bytes),
     };
     let record = reporter.write();
     let watcher = watch::Watcher::start(
@@ -154,8 +159,6 @@ pub fn run(
     );
     ready.ready(&mnt);
 
-    let buf_size = negotiated.max_write as usize + 64 * 1024;
-    let threads = knobs.fuse_threads.max(1) as usize;
     for i in 0..threads {
         let chan = chan.clone();
         let d = dispatcher.clone();
@@ -186,6 +189,7 @@ pub fn run(
                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
                     std::thread::sleep(std::time::Duration::from_millis(500));
                     reporter.idle_vacuum(step);
+                    reporter.memory.tick(reporter.served(), &reporter.store);
                     reporter.write();
                 }
             })
@@ -247,6 +251,8 @@ struct Reporter {
     shards: Arc<Shards>,
     /// Requests served at the last tick (idle: no request since).
     served: std::sync::atomic::AtomicU64,
+    /// The memory budget's figures and the idle give-back.
+    memory: crate::memory::Idle,
 }
 
 impl Reporter {
@@ -278,6 +284,7 @@ impl Reporter {
         rec.ring_requests = self.ring.served.load(Relaxed);
         rec.worker_requests = self.shards.handed();
         rec.lost = self.store.failure().summary().unwrap_or_default();
+        rec.memory = self.memory.usage(&self.store);
         if let Ok(p) = self.store.pages() {
             rec.db_pages = p.pages;
             rec.free_pages = p.free;
@@ -345,8 +352,9 @@ fn handshake(
             // The kernel rejects payload buffers smaller than max(8192, max_write,
             // max_pages * 4096); our max_pages * 4096 never exceeds max_write.
             let payload = (knobs.fuse_max_write as usize).max(8192);
-            let depth = knobs.fuse_uring_depth as usize;
-            match uring::prepare(uring::possible_cpus(), depth, payload) {
+            let cpus = uring::possible_cpus();
+            let depth = crate::memory::Shares::from_knobs(knobs).ring_depth(knobs, cpus, payload);
+            match uring::prepare(cpus, depth, payload) {
                 Ok(q) => queues = q,
                 Err(e) => tracing::warn!("io_uring unavailable ({e}); serving /dev/fuse only"),
             }
