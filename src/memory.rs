@@ -64,6 +64,16 @@ impl Shares {
     }
 }
 
+impl Shares {
+    /// Background requests (writeback WRITEs, readahead) the kernel may have outstanding at
+    /// once: each may be a max_write copy queued for a worker, so as many as the batches'
+    /// share holds, between 4 and 64 (the kernel queues the rest itself).
+    pub fn max_background(&self, max_write: u32) -> u16 {
+        let n = self.batch / u64::from(max_write.max(4096));
+        n.clamp(4, 64) as u16
+    }
+}
+
 /// The buffer each /dev/fuse thread reads requests into: the largest WRITE and its header.
 pub fn devfuse_buffer(k: &Knobs) -> usize {
     k.fuse_max_write as usize + 64 * 1024
@@ -164,6 +174,9 @@ mod tests {
             k.fuse_uring_depth as usize
         );
         assert_eq!(Shares::of(8 * MIB).sqlite_cache_kib(&k), 2048);
+        assert_eq!(Shares::of(64 * MIB).max_background(1 << 20), 16);
+        assert_eq!(Shares::of(8 * MIB).max_background(1 << 20), 4);
+        assert_eq!(Shares::of(64 * MIB).max_background(128 << 10), 64);
         assert_eq!(
             Shares::of(1024 * MIB).sqlite_cache_kib(&k),
             k.sqlite_cache_kib
