@@ -118,15 +118,15 @@ impl Idle {
     }
 
     /// Called periodically with the count of requests served: once no request arrived for the
-    /// idle period and nothing is pending, the caches shrink to their floor and freed memory
-    /// goes back to the system (once per idle period).
+    /// idle period, the caches shrink to their floor and freed memory goes back to the system
+    /// (once per idle period). Pending WRITE data is left to the committer.
     pub fn tick(&self, served: u64, store: &crate::store::Store) {
         let mut last = self.last.lock();
         if last.0 != served {
             *last = (served, std::time::Instant::now(), false);
             return;
         }
-        if last.2 || last.1.elapsed() < self.after || store.pending_bytes() > 0 {
+        if last.2 || last.1.elapsed() < self.after {
             return;
         }
         last.2 = true;
