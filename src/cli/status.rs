@@ -21,8 +21,8 @@ pub fn run(a: Args) -> super::CliResult {
         return Ok(0);
     }
     println!(
-        "{:<8} {:<10} {:>12} {:>12} {:>12} {:>5} {:<30} DATABASE",
-        "PID", "TRANSPORT", "RING_REQS", "DEVFUSE_REQS", "WORKER_REQS", "FREE", "MOUNT"
+        "{:<8} {:<10} {:>12} {:>12} {:>10} {:>12} {:>5} {:<30} DATABASE",
+        "PID", "TRANSPORT", "RING_REQS", "DEVFUSE_REQS", "FORGETS", "WORKER_REQS", "FREE", "MOUNT"
     );
     for s in &servers {
         let live = mounted.iter().any(|m| m.mount_point == s.mount_point);
@@ -38,11 +38,12 @@ pub fn run(a: Args) -> super::CliResult {
             format!("{}%", pages.free_percent())
         };
         println!(
-            "{:<8} {:<10} {:>12} {:>12} {:>12} {:>5} {:<30} {}{}",
+            "{:<8} {:<10} {:>12} {:>12} {:>10} {:>12} {:>5} {:<30} {}{}",
             s.pid,
             s.transport,
             s.ring_requests,
             s.devfuse_requests,
+            s.forgets,
             s.worker_requests,
             free,
             s.mount_point.display(),

@@ -20,7 +20,11 @@ pub struct ServerRecord {
     pub transport: String,
     pub ring_queues: usize,
     pub ring_requests: u64,
+    /// Requests answered over /dev/fuse.
     pub devfuse_requests: u64,
+    /// FORGETs and INTERRUPTs read from /dev/fuse (no reply; on a ring mount they still come
+    /// this way).
+    pub forgets: u64,
     /// Requests a transport thread handed to a worker instead of running them itself.
     pub worker_requests: u64,
     /// Where the server logs (a background server; empty: its standard error).
@@ -89,7 +93,7 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     let path = record_path(rec.pid);
     let mut text = format!(
-        "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\nworker_requests={}\ndb_pages={}\nfree_pages={}\n",
+        "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\nforgets={}\nworker_requests={}\ndb_pages={}\nfree_pages={}\n",
         rec.pid,
         rec.db.display(),
         rec.mount_point.display(),
@@ -97,6 +101,7 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
         rec.ring_queues,
         rec.ring_requests,
         rec.devfuse_requests,
+        rec.forgets,
         rec.worker_requests,
         rec.db_pages,
         rec.free_pages
@@ -133,6 +138,7 @@ fn parse(text: &str) -> Option<ServerRecord> {
             Some(("ring_queues", v)) => rec.ring_queues = v.parse().unwrap_or(0),
             Some(("ring_requests", v)) => rec.ring_requests = v.parse().unwrap_or(0),
             Some(("devfuse_requests", v)) => rec.devfuse_requests = v.parse().unwrap_or(0),
+            Some(("forgets", v)) => rec.forgets = v.parse().unwrap_or(0),
             Some(("worker_requests", v)) => rec.worker_requests = v.parse().unwrap_or(0),
             Some(("log", v)) => rec.log = Some(PathBuf::from(v)),
             Some(("lost", v)) => rec.lost = v.to_string(),

@@ -281,6 +281,7 @@ impl Reporter {
         use std::sync::atomic::Ordering::Relaxed;
         let mut rec = self.record.clone();
         rec.devfuse_requests = self.chan.served.load(Relaxed);
+        rec.forgets = self.chan.unanswered.load(Relaxed);
         rec.ring_requests = self.ring.served.load(Relaxed);
         rec.worker_requests = self.shards.handed();
         rec.lost = self.store.failure().summary().unwrap_or_default();
