@@ -24,6 +24,10 @@
 //! * `tree_copy`: `cp -r` of a real source tree into the target; `git_add_commit`:
 //!   `git init && git add -A && git commit`; `git_status`; `find_stat`: `find . | xargs stat`.
 //!   All in files of the tree per second.
+//! * `rss_peak` / `rss_end` / `rss_idle`: the AgentFS server's resident set in MiB — the highest
+//!   of every server of the repetition (VmHWM, remounts included), at the end of its workloads,
+//!   and after 30 s without requests (the idle give-back, `AGENTFS_MEMORY_IDLE_MS`). Lower is
+//!   better; the other columns have none.
 //!
 //! The tree: the Rust standard library sources (`$(rustc --print sysroot)/lib/rustlib/src/rust/
 //! library`) when rust-src is installed, else crate sources from the cargo registry
@@ -174,6 +178,12 @@ impl Rng {
 // ----------------------------------------------------------------------------------------------
 
 /// An AgentFS server serving `mnt` in the foreground as our child. Drop unmounts and ends it.
+/// The highest resident set of any AgentFS server of the current repetition, in KiB.
+static PEAK_RSS_KIB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How long the server idles before its idle resident set is sampled.
+const IDLE_SAMPLE: Duration = Duration::from_secs(30);
+
 struct AgentFsMount {
     bin: PathBuf,
     db: PathBuf,
@@ -229,11 +239,25 @@ impl AgentFsMount {
         }
     }
 
+    /// A figure of the server's /proc status in MiB ("VmRSS", "VmHWM").
+    fn memory(&self, field: &str) -> Option<f64> {
+        let pid = self.child.as_ref()?.id();
+        let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let line = text.lines().find(|l| l.starts_with(field))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib / 1024.0)
+    }
+
     /// `agentfs umount MNT`, then wait for our child; force and kill by pid if that fails.
     fn stop(&mut self) -> Result<(), String> {
         let mut err = None;
         if !std::mem::replace(&mut self.live, false) {
             return Ok(());
+        }
+        // The peak of this server, before it goes (a remount starts a new one).
+        if let Some(hwm) = self.memory("VmHWM") {
+            let kib = (hwm * 1024.0) as u64;
+            PEAK_RSS_KIB.fetch_max(kib, std::sync::atomic::Ordering::Relaxed);
         }
         if is_mounted(&self.mnt) {
             if let Err(e) = run(Command::new(&self.bin).arg("umount").arg(&self.mnt)) {
@@ -465,9 +489,25 @@ const WORKLOADS: &[Workload] = &[
         unit: "files/s",
         what: "find . | xargs stat",
     },
+    Workload {
+        key: "rss_peak",
+        unit: "MiB",
+        what: "AgentFS server: highest resident set over the repetition (every remount's server)",
+    },
+    Workload {
+        key: "rss_end",
+        unit: "MiB",
+        what: "AgentFS server: resident set when the repetition's workloads are done",
+    },
+    Workload {
+        key: "rss_idle",
+        unit: "MiB",
+        what: "AgentFS server: resident set 30 s later, without requests",
+    },
 ];
 
-/// One measurement: workload key, value (higher is better), seconds taken.
+/// One measurement: workload key, value (higher is better, except the `rss_` rows), seconds
+/// taken.
 type Sample = (&'static str, f64, f64);
 
 fn timed<T>(f: impl FnOnce() -> Result<T, String>) -> Result<(T, f64), String> {
@@ -741,6 +781,26 @@ fn source_tree(t: &mut Target, tree: &Tree, out: &mut Vec<Sample>) -> Result<(),
     Ok(())
 }
 
+/// The AgentFS server's resident set now, its peak over the repetition, and after idling.
+fn memory(t: &Target, out: &mut Vec<Sample>) {
+    let Backend::AgentFs { mount: Some(m), .. } = &t.backend else {
+        return;
+    };
+    use std::sync::atomic::Ordering::Relaxed;
+    let end = m.memory("VmRSS");
+    let peak = PEAK_RSS_KIB.swap(0, Relaxed) as f64 / 1024.0;
+    if let Some(end) = end {
+        out.push(("rss_end", end, 0.0));
+    }
+    if let Some(hwm) = m.memory("VmHWM") {
+        out.push(("rss_peak", hwm.max(peak), 0.0));
+    }
+    std::thread::sleep(IDLE_SAMPLE);
+    if let Some(idle) = m.memory("VmRSS") {
+        out.push(("rss_idle", idle, 0.0));
+    }
+}
+
 fn one_rep(t: &mut Target, plan: &Plan, tree: &Tree) -> Result<Vec<Sample>, String> {
     let mut out = Vec::new();
     t.begin()?;
@@ -748,6 +808,7 @@ fn one_rep(t: &mut Target, plan: &Plan, tree: &Tree) -> Result<Vec<Sample>, Stri
     many_files(t, plan, &mut out)?;
     small_files(t, plan, &mut out)?;
     source_tree(t, tree, &mut out)?;
+    memory(t, &mut out);
     t.end()?;
     Ok(out)
 }

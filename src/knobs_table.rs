@@ -18,7 +18,7 @@ knob_table! {
     fuse_uring: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_URING",
         "Serve requests over FUSE-over-io_uring when the kernel offers it (enable_uring=Y); /dev/fuse stays the fallback.";
     fuse_uring_depth: U64 = 8, [1, 256], Policy, "AGENTFS_FUSE_URING_DEPTH",
-        "Ring entries per queue (one queue per possible CPU); each entry pins a max_write-sized buffer.";
+        "Most ring entries per queue (one queue per possible CPU); each entry holds a max_write-sized buffer, so the depth used is what the transport's quarter of AGENTFS_MEMORY_BUDGET_MIB holds (at least 1, at most this).";
     fuse_noopen: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOOPEN",
         "Answer OPEN with ENOSYS so the kernel stops sending it (and RELEASE) for files; no state is keyed to open files.";
     fuse_noopendir: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOOPENDIR",
@@ -42,7 +42,7 @@ knob_table! {
     fuse_ino_files_cap: U64 = 256, [1, 65536], Policy, "AGENTFS_FUSE_INO_FILES_CAP",
         "Overlay mounts: most base-layer files kept open for reading (an LRU keyed by node); the least recently read is closed first.";
     sqlite_cache_kib: U64 = 16384, [256, 4194304], Policy, "AGENTFS_SQLITE_CACHE_KIB",
-        "SQLite page cache per connection, in KiB.";
+        "Most SQLite page cache of one connection, in KiB; all connections together stay within SQLite's quarter of AGENTFS_MEMORY_BUDGET_MIB, which also caps each one.";
     sqlite_busy_timeout_ms: U64 = 5000, [0, 600000], Policy, "AGENTFS_SQLITE_BUSY_TIMEOUT_MS",
         "How long a connection waits for a lock held by another process (e.g. an offline `agentfs fs` write).";
     batch: Bool = true, [0, 1], KillSwitch, "AGENTFS_BATCH",
@@ -52,7 +52,7 @@ knob_table! {
     batch_inode_trigger_kib: U64 = 8192, [4, 1048576], Policy, "AGENTFS_BATCH_INODE_TRIGGER_KIB",
         "Commit an inode at once (without waiting for the window) when it has this many KiB pending.";
     batch_max_pending_mib: U64 = 256, [1, 65536], Policy, "AGENTFS_BATCH_MAX_PENDING_MIB",
-        "Global cap on acknowledged-but-uncommitted bytes, in MiB; writers wait (back-pressure) when it is reached, commits start at half of it.";
+        "Global cap on acknowledged-but-uncommitted bytes, in MiB, within the batches' quarter of AGENTFS_MEMORY_BUDGET_MIB (the smaller applies); writers wait (back-pressure) when it is reached, commits start at half of it.";
     batch_txn_inodes: U64 = 1024, [1, 1000000], Policy, "AGENTFS_BATCH_TXN_INODES",
         "Most inodes one group-commit transaction takes.";
     batch_txn_kib: U64 = 32768, [64, 4194304], Policy, "AGENTFS_BATCH_TXN_KIB",
@@ -77,12 +77,10 @@ knob_table! {
         "Most free pages one idle vacuum step returns (the writer is held for the step).";
     cache: Bool = true, [0, 1], KillSwitch, "AGENTFS_CACHE",
         "Server-side caches of attributes, name lookups and directory listings, keyed by inode (0 = every request reads SQLite).";
-    cache_attr_cap: U64 = 65536, [0, 16777216], Policy, "AGENTFS_CACHE_ATTR_CAP",
-        "Inodes whose attributes (as stored, before pending writes are merged) the server keeps in memory (0 = no attribute cache).";
-    cache_lookup_cap: U64 = 65536, [0, 16777216], Policy, "AGENTFS_CACHE_LOOKUP_CAP",
-        "Name lookups ((directory, name) -> inode or absent) the server keeps in memory (0 = no lookup cache).";
-    cache_readdir_cap: U64 = 131072, [0, 16777216], Policy, "AGENTFS_CACHE_READDIR_CAP",
-        "Directory entries the server keeps in memory as whole listings; a directory with more entries is never cached (0 = no listing cache).";
+    memory_budget_mib: U64 = 64, [4, 1048576], Policy, "AGENTFS_MEMORY_BUDGET_MIB",
+        "Memory one server's caches and buffers share, in MiB, in four equal parts: SQLite's page caches (all connections together), the attribute, lookup and listing caches (in bytes; this replaces the former entry counts AGENTFS_CACHE_ATTR_CAP, AGENTFS_CACHE_LOOKUP_CAP and AGENTFS_CACHE_READDIR_CAP), pending WRITE data (and the kernel's background requests, each a possible 1 MiB copy), and request buffers (ring depth). Why 64: each 16 MiB part holds a 1 MiB-write ring of depth 6 on 2 CPUs, 16 writeback WRITEs in flight, and a 60 MiB source tree's metadata; a server then ends a workload suite near 40 MiB resident and sixteen stay under 1 GiB; the process adds a fixed overhead of about 8-16 MiB beyond it (see `agentfs status`).";
+    memory_idle_ms: U64 = 10000, [100, 86400000], Policy, "AGENTFS_MEMORY_IDLE_MS",
+        "After this long without a request, a server shrinks its caches to an eighth of their part, closes idle SQLite read connections and returns freed memory to the system (malloc_trim), in milliseconds; the next requests refill them.";
     external_poll_ms: U64 = 250, [0, 600000], Policy, "AGENTFS_EXTERNAL_POLL_MS",
         "How often a mounted server checks whether another process committed to the database (then it drops its caches and tells the kernel), in milliseconds (0 = never).";
     mount_quick_check: Bool = true, [0, 1], KillSwitch, "AGENTFS_MOUNT_QUICK_CHECK",

@@ -12,6 +12,7 @@ pub mod dispatch;
 pub mod errno;
 pub mod history;
 pub mod knobs;
+pub mod memory;
 pub mod overlay;
 pub mod project;
 pub mod protocol;

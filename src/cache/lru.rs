@@ -142,10 +142,30 @@ impl<K: Hash + Eq, V: Clone> Lru<K, V> {
         out
     }
 
-    /// Total weight held (tests).
-    #[cfg(test)]
+    /// Total weight held.
     pub fn weight(&self) -> usize {
         self.shards.iter().map(|s| s.lock().weight).sum()
+    }
+
+    /// Evict least recently used entries until every shard holds at most `1/divisor` of its
+    /// capacity. Evicting never makes a value stale, so no generation is bumped.
+    pub fn shrink(&self, divisor: usize) {
+        let keep = self.cap / divisor.max(1);
+        for s in self.shards.iter() {
+            let mut s = s.lock();
+            while s.weight > keep {
+                match s.map.pop_lru() {
+                    Some((_, (_, w))) => s.weight -= w,
+                    None => break,
+                }
+            }
+            // Resizing to what it holds frees the table's spare capacity; the map is then made
+            // unbounded again (the weight is its bound).
+            let len =
+                std::num::NonZeroUsize::new(s.map.len()).unwrap_or(std::num::NonZeroUsize::MIN);
+            s.map.resize(len);
+            s.map.resize(std::num::NonZeroUsize::MAX);
+        }
     }
 }
 

@@ -17,14 +17,15 @@ use crate::store::{Attr, DirEntry, Ino};
 
 pub use lru::Ticket;
 
-/// Capacities; 0 turns a cache off.
+/// Capacities in bytes (as weighed by [`attr_weight`], [`lookup_weight`] and
+/// [`listing_weight`]); 0 turns a cache off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheConfig {
-    /// Inodes whose attributes are kept.
+    /// Attributes of inodes.
     pub attr: usize,
-    /// (directory, name) lookups kept.
+    /// (directory, name) lookups.
     pub lookup: usize,
-    /// Directory entries kept, over all cached listings.
+    /// Whole directory listings.
     pub readdir: usize,
 }
 
@@ -36,16 +37,18 @@ impl CacheConfig {
         readdir: 0,
     };
 
-    /// The knobs' capacities, or [`CacheConfig::OFF`] under the kill switch `AGENTFS_CACHE=0`.
+    /// The caches' share of the memory budget (a quarter each for attributes and lookups,
+    /// half for listings), or [`CacheConfig::OFF`] under the kill switch `AGENTFS_CACHE=0`.
     pub fn from_knobs(k: &Knobs) -> CacheConfig {
         if !k.cache {
             return Self::OFF;
         }
-        let cap = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        let share =
+            usize::try_from(crate::memory::Shares::from_knobs(k).caches).unwrap_or(usize::MAX);
         CacheConfig {
-            attr: cap(k.cache_attr_cap),
-            lookup: cap(k.cache_lookup_cap),
-            readdir: cap(k.cache_readdir_cap),
+            attr: share / 4,
+            lookup: share / 4,
+            readdir: share - 2 * (share / 4),
         }
     }
 }
@@ -56,6 +59,32 @@ impl CacheConfig {
 pub enum Listing {
     Entries(Vec<DirEntry>),
     TooBig,
+}
+
+/// What one entry costs beside its key and value: the LRU list's links and the hash table's
+/// slot, rounded up.
+const ENTRY_OVERHEAD: usize = 64;
+
+/// Bytes one cached attribute takes.
+fn attr_weight() -> usize {
+    std::mem::size_of::<(Ino, Attr)>() + ENTRY_OVERHEAD
+}
+
+/// Bytes one cached lookup of `name` takes.
+fn lookup_weight(name: &[u8]) -> usize {
+    std::mem::size_of::<(Vec<u8>, Option<Ino>)>() + 8 + name.len() + ENTRY_OVERHEAD
+}
+
+/// Bytes one listing entry takes, besides its name.
+const LISTING_ENTRY: usize = std::mem::size_of::<DirEntry>();
+
+/// Bytes a cached listing takes.
+fn listing_weight(l: &Listing) -> usize {
+    let entries = match l {
+        Listing::Entries(e) => e.iter().map(|e| LISTING_ENTRY + e.name.len()).sum(),
+        Listing::TooBig => 0,
+    };
+    std::mem::size_of::<(Ino, Arc<Listing>)>() + entries + ENTRY_OVERHEAD
 }
 
 /// Locks per map for attributes and lookups (listings use one, so one big directory can use
@@ -130,7 +159,7 @@ impl Caches {
 
     pub fn put_attr(&self, t: &Tickets, a: Attr) {
         if let (Some(m), Some(t)) = (&self.attr, t.attr) {
-            m.insert(t, a.ino, a, 1);
+            m.insert(t, a.ino, a, attr_weight());
         }
     }
 
@@ -141,13 +170,16 @@ impl Caches {
 
     pub fn put_lookup(&self, t: &Tickets, parent: Ino, name: &[u8], child: Option<Ino>) {
         if let (Some(m), Some(t)) = (&self.lookup, t.lookup) {
-            m.insert(t, name_key(parent, name), child, 1);
+            m.insert(t, name_key(parent, name), child, lookup_weight(name));
         }
     }
 
-    /// Most entries a cached listing may have; None when listings are not cached.
+    /// Most entries a cached listing may have (counting short names); None when listings are
+    /// not cached. A listing whose long names make it heavier than the cache is not kept.
     pub fn listing_limit(&self) -> Option<usize> {
-        self.dirs.as_ref().map(|_| self.readdir_cap)
+        self.dirs
+            .as_ref()
+            .map(|_| self.readdir_cap / (LISTING_ENTRY + 16))
     }
 
     pub fn listing(&self, dir: Ino) -> Option<Arc<Listing>> {
@@ -156,10 +188,7 @@ impl Caches {
 
     pub fn put_listing(&self, t: &Tickets, dir: Ino, l: Arc<Listing>) {
         if let (Some(m), Some(t)) = (&self.dirs, t.dirs) {
-            let weight = match &*l {
-                Listing::Entries(e) => e.len().max(1),
-                Listing::TooBig => 1,
-            };
+            let weight = listing_weight(&l);
             m.insert(t, dir, l, weight);
         }
     }
@@ -205,6 +234,29 @@ impl Caches {
         }
         if let Some(m) = &self.dirs {
             m.clear();
+        }
+    }
+
+    /// Bytes held by each cache: (attributes, lookups, listings).
+    pub fn weights(&self) -> (usize, usize, usize) {
+        (
+            self.attr.as_ref().map_or(0, |m| m.weight()),
+            self.lookup.as_ref().map_or(0, |m| m.weight()),
+            self.dirs.as_ref().map_or(0, |m| m.weight()),
+        )
+    }
+
+    /// Evict least recently used entries until each cache holds at most `1/divisor` of its
+    /// capacity (an idle server's floor).
+    pub fn shrink(&self, divisor: usize) {
+        if let Some(m) = &self.attr {
+            m.shrink(divisor);
+        }
+        if let Some(m) = &self.lookup {
+            m.shrink(divisor);
+        }
+        if let Some(m) = &self.dirs {
+            m.shrink(divisor);
         }
     }
 
@@ -265,9 +317,9 @@ mod tests {
         // 64 lookups over 16 shards: 4 per shard, so the two names cannot evict each other
         // whichever shards they hash to.
         let c = Caches::new(CacheConfig {
-            attr: 8,
-            lookup: 64,
-            readdir: 8,
+            attr: 8 * attr_weight(),
+            lookup: 64 * lookup_weight(b"a"),
+            readdir: 8 * listing_weight(&Listing::TooBig),
         });
         let t = c.ticket();
         c.put_attr(&t, attr(1, 0));
@@ -295,6 +347,35 @@ mod tests {
         c.put_attr(&t, attr(3, 1));
         assert!(c.attr(Ino(3)).is_none());
         assert!(c.listing_limit().is_none());
+    }
+
+    #[test]
+    fn caches_are_bounded_in_bytes_and_shrink_to_a_floor() {
+        let c = Caches::new(CacheConfig {
+            attr: 64 * 1024,
+            lookup: 64 * 1024,
+            readdir: 64 * 1024,
+        });
+        let long = vec![b'x'; 200];
+        for i in 0..10_000u64 {
+            let t = c.ticket();
+            c.put_attr(&t, attr(i, 0));
+            c.put_lookup(
+                &t,
+                Ino(1),
+                &[long.as_slice(), &i.to_le_bytes()].concat(),
+                None,
+            );
+        }
+        let (a, l, _) = c.weights();
+        assert!(a <= 64 * 1024 && a > 48 * 1024, "attributes weigh {a}");
+        assert!(l <= 64 * 1024 && l > 48 * 1024, "lookups weigh {l}");
+        // Long names cost more: fewer lookups than attributes fit in the same bytes.
+        assert!(l / lookup_weight(&long) < a / attr_weight());
+        c.shrink(8);
+        let (a, l, _) = c.weights();
+        assert!(a <= 8 * 1024 && l <= 8 * 1024, "after shrink: {a} {l}");
+        assert!(c.attr(Ino(9_999)).is_some(), "the most recent entries stay");
     }
 
     #[test]

@@ -155,8 +155,8 @@ fn print_mounts(all: bool) {
         return;
     }
     println!(
-        "{:<8} {:<10} {:>12} {:>12} {:>12} {:>5} {:<30} DATABASE",
-        "PID", "TRANSPORT", "RING_REQS", "DEVFUSE_REQS", "WORKER_REQS", "FREE", "MOUNT"
+        "{:<8} {:<10} {:>12} {:>12} {:>10} {:>12} {:>5} {:<30} DATABASE",
+        "PID", "TRANSPORT", "RING_REQS", "DEVFUSE_REQS", "FORGETS", "WORKER_REQS", "FREE", "MOUNT"
     );
     for s in &servers {
         let live = mounted.iter().any(|m| m.mount_point == s.mount_point);
@@ -172,17 +172,21 @@ fn print_mounts(all: bool) {
             format!("{}%", pages.free_percent())
         };
         println!(
-            "{:<8} {:<10} {:>12} {:>12} {:>12} {:>5} {:<30} {}{}",
+            "{:<8} {:<10} {:>12} {:>12} {:>10} {:>12} {:>5} {:<30} {}{}",
             s.pid,
             s.transport,
             s.ring_requests,
             s.devfuse_requests,
+            s.forgets,
             s.worker_requests,
             free,
             s.mount_point.display(),
             s.db.display(),
             if live { "" } else { " (not mounted)" }
         );
+        if s.memory.budget > 0 {
+            println!("{:<8} {}", "", memory_line(&s.memory));
+        }
         if let Some(log) = &s.log {
             println!("{:<8} log: {}", "", log.display());
         }
@@ -205,4 +209,19 @@ fn print_mounts(all: bool) {
             m.mount_point.display()
         );
     }
+}
+
+/// The server's resident memory and the budget's breakdown by consumer, in MiB.
+fn memory_line(m: &crate::memory::Usage) -> String {
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    format!(
+        "memory: rss {:.1} MiB; budget {:.0} MiB: sqlite {:.1}, caches {:.1}, write batches {:.1}, \
+         request buffers {:.1}",
+        mib(m.rss),
+        mib(m.budget),
+        mib(m.sqlite),
+        mib(m.caches),
+        mib(m.batch),
+        mib(m.transport)
+    )
 }

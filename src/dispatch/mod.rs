@@ -216,12 +216,13 @@ impl Dispatcher {
         } else {
             max_write
         };
+        let max_background = crate::memory::Shares::from_knobs(k).max_background(max_write);
         let mut out = abi::InitOut {
             major: 7,
             minor: abi::FUSE_KERNEL_MINOR_VERSION.min(minor),
             max_readahead,
-            max_background: 64,
-            congestion_threshold: 48,
+            max_background,
+            congestion_threshold: max_background / 4 * 3,
             max_write,
             time_gran: 1,
             max_pages,

@@ -68,6 +68,7 @@ pub struct ServeOptions {
 
 /// Lock and open the database at `db` and build the filesystem it holds.
 pub fn prepare(db: &Path, readonly: bool, knobs: &Knobs) -> Result<Prepared, ServerError> {
+    crate::sys::memory::return_large_frees();
     let db = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf());
     let lock = lock::lock_db(&db)?;
     let store = Arc::new(Store::open(&db, readonly)?);
@@ -138,6 +139,9 @@ impl Prepared {
             }
         }
         let ring_stats = Arc::new(uring::RingStats::default());
+        let buf_size = negotiated.max_write as usize + 64 * 1024;
+        let threads = knobs.fuse_threads.max(1) as usize;
+        let transport_bytes = uring::mapped_bytes(&queues) + (threads * buf_size) as u64;
         let ring_queues = queues.len();
         let shards = Shards::start(knobs.fuse_workers as usize, dispatcher.clone());
         let mut workers = uring::start(queues, chan.raw_fd(), shards.clone(), ring_stats.clone());
@@ -167,6 +171,7 @@ impl Prepared {
             ring: ring_stats.clone(),
             shards: shards.clone(),
             served: std::sync::atomic::AtomicU64::new(u64::MAX),
+            memory: crate::memory::Idle::new(knobs, transport_bytes),
         };
         let record = if opts.register {
             reporter.write()
@@ -182,8 +187,6 @@ impl Prepared {
         );
         ready.ready(&mnt);
 
-        let buf_size = negotiated.max_write as usize + 64 * 1024;
-        let threads = knobs.fuse_threads.max(1) as usize;
         for i in 0..threads {
             let chan = chan.clone();
             let d = dispatcher.clone();
@@ -219,6 +222,7 @@ impl Prepared {
                         stopped.recv_timeout(tick)
                     {
                         reporter.idle_vacuum(step);
+                        reporter.memory.tick(reporter.served(), &reporter.store);
                         if register {
                             reporter.write();
                         }
@@ -299,6 +303,8 @@ struct Reporter {
     shards: Arc<Shards>,
     /// Requests served at the last tick (idle: no request since).
     served: std::sync::atomic::AtomicU64,
+    /// The memory budget's figures and the idle give-back.
+    memory: crate::memory::Idle,
 }
 
 impl Reporter {
@@ -327,9 +333,11 @@ impl Reporter {
         use std::sync::atomic::Ordering::Relaxed;
         let mut rec = self.record.clone();
         rec.devfuse_requests = self.chan.served.load(Relaxed);
+        rec.forgets = self.chan.unanswered.load(Relaxed);
         rec.ring_requests = self.ring.served.load(Relaxed);
         rec.worker_requests = self.shards.handed();
         rec.lost = self.store.failure().summary().unwrap_or_default();
+        rec.memory = self.memory.usage(&self.store);
         if let Ok(p) = self.store.pages() {
             rec.db_pages = p.pages;
             rec.free_pages = p.free;
@@ -383,8 +391,9 @@ fn handshake(
             // The kernel rejects payload buffers smaller than max(8192, max_write,
             // max_pages * 4096); our max_pages * 4096 never exceeds max_write.
             let payload = (knobs.fuse_max_write as usize).max(8192);
-            let depth = knobs.fuse_uring_depth as usize;
-            match uring::prepare(uring::possible_cpus(), depth, payload) {
+            let cpus = uring::possible_cpus();
+            let depth = crate::memory::Shares::from_knobs(knobs).ring_depth(knobs, cpus, payload);
+            match uring::prepare(cpus, depth, payload) {
                 Ok(q) => queues = q,
                 Err(e) => tracing::warn!("io_uring unavailable ({e}); serving /dev/fuse only"),
             }

@@ -259,7 +259,10 @@ impl BatchConfig {
         BatchConfig {
             window: Duration::from_millis(k.batch_window_ms),
             inode_trigger: k.batch_inode_trigger_kib.saturating_mul(1024),
-            max_pending: k.batch_max_pending_mib.saturating_mul(1024 * 1024),
+            max_pending: k
+                .batch_max_pending_mib
+                .saturating_mul(1024 * 1024)
+                .min(crate::memory::Shares::from_knobs(k).batch),
             txn_inodes: usize::try_from(k.batch_txn_inodes).unwrap_or(usize::MAX),
             txn_bytes: k.batch_txn_kib.saturating_mul(1024),
         }

@@ -34,7 +34,13 @@ pub fn open(path: &Path, readonly: bool) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(path, rw | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
     let k = crate::knobs::get();
     conn.busy_timeout(Duration::from_millis(k.sqlite_busy_timeout_ms))?;
-    let kib = i64::try_from(k.sqlite_cache_kib).unwrap_or(i64::MAX);
+    // The SQLite share of the memory budget holds all connections together: it is the
+    // process-wide soft heap limit (past it the page caches recycle pages instead of growing)
+    // and no connection's own cache exceeds it.
+    let shares = crate::memory::Shares::from_knobs(k);
+    let limit = i64::try_from(shares.sqlite).unwrap_or(i64::MAX);
+    conn.pragma_update(None, "soft_heap_limit", limit)?;
+    let kib = i64::try_from(shares.sqlite_cache_kib(k)).unwrap_or(i64::MAX);
     conn.pragma_update(None, "cache_size", -kib)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
@@ -580,7 +586,8 @@ impl Pool {
         Ok(open(&self.path, true)?)
     }
 
-    /// Close every idle connection (at shutdown, before the writer closes).
+    /// Close every idle connection (at shutdown, before the writer closes; and when the
+    /// server is idle, to hand their page caches back: the next read opens one again).
     pub fn close_idle(&self) {
         let idle = std::mem::take(&mut *self.idle.lock());
         drop(idle);

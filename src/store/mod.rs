@@ -613,6 +613,24 @@ impl Store {
         Ok(after)
     }
 
+    /// An idle server's give-back: the caches shrink to an eighth of their capacity, idle
+    /// read connections close (with their page caches) and the writer frees the pages its
+    /// cache holds; the next requests fill them again.
+    pub fn release_memory(&self) -> Result<(), Errno> {
+        self.caches.shrink(8);
+        self.readers.close_idle();
+        if let Some(w) = &self.writer {
+            w.lock().conn().execute_batch("PRAGMA shrink_memory")?;
+        }
+        Ok(())
+    }
+
+    /// Bytes the attribute, lookup and listing caches hold.
+    pub fn cache_bytes(&self) -> u64 {
+        let (a, l, d) = self.caches.weights();
+        (a + l + d) as u64
+    }
+
     /// One read transaction on a pooled read connection; while a namespace batch is open, on
     /// the writer connection instead, so every acknowledged operation is visible.
     fn read_tx<T>(

@@ -4,6 +4,7 @@
 pub mod beneath;
 pub mod ids;
 pub mod lock;
+pub mod memory;
 pub mod mount;
 pub mod mounts;
 pub mod ns;

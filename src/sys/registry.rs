@@ -20,7 +20,11 @@ pub struct ServerRecord {
     pub transport: String,
     pub ring_queues: usize,
     pub ring_requests: u64,
+    /// Requests answered over /dev/fuse.
     pub devfuse_requests: u64,
+    /// FORGETs and INTERRUPTs read from /dev/fuse (no reply; on a ring mount they still come
+    /// this way).
+    pub forgets: u64,
     /// Requests a transport thread handed to a worker instead of running them itself.
     pub worker_requests: u64,
     /// Where the server logs (a background server; empty: its standard error).
@@ -30,6 +34,8 @@ pub struct ServerRecord {
     /// Pages of the database, and those on its free list.
     pub db_pages: u64,
     pub free_pages: u64,
+    /// Resident memory and the memory budget's breakdown by consumer.
+    pub memory: crate::memory::Usage,
 }
 
 pub fn runtime_dir() -> PathBuf {
@@ -87,7 +93,7 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     let path = record_path(rec.pid);
     let mut text = format!(
-        "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\nworker_requests={}\ndb_pages={}\nfree_pages={}\n",
+        "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\nforgets={}\nworker_requests={}\ndb_pages={}\nfree_pages={}\n",
         rec.pid,
         rec.db.display(),
         rec.mount_point.display(),
@@ -95,10 +101,16 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
         rec.ring_queues,
         rec.ring_requests,
         rec.devfuse_requests,
+        rec.forgets,
         rec.worker_requests,
         rec.db_pages,
         rec.free_pages
     );
+    let m = &rec.memory;
+    text.push_str(&format!(
+        "rss={}\nmem_budget={}\nmem_sqlite={}\nmem_caches={}\nmem_batch={}\nmem_transport={}\n",
+        m.rss, m.budget, m.sqlite, m.caches, m.batch, m.transport
+    ));
     if let Some(log) = &rec.log {
         text.push_str(&format!("log={}\n", log.display()));
     }
@@ -126,11 +138,18 @@ fn parse(text: &str) -> Option<ServerRecord> {
             Some(("ring_queues", v)) => rec.ring_queues = v.parse().unwrap_or(0),
             Some(("ring_requests", v)) => rec.ring_requests = v.parse().unwrap_or(0),
             Some(("devfuse_requests", v)) => rec.devfuse_requests = v.parse().unwrap_or(0),
+            Some(("forgets", v)) => rec.forgets = v.parse().unwrap_or(0),
             Some(("worker_requests", v)) => rec.worker_requests = v.parse().unwrap_or(0),
             Some(("log", v)) => rec.log = Some(PathBuf::from(v)),
             Some(("lost", v)) => rec.lost = v.to_string(),
             Some(("db_pages", v)) => rec.db_pages = v.parse().unwrap_or(0),
             Some(("free_pages", v)) => rec.free_pages = v.parse().unwrap_or(0),
+            Some(("rss", v)) => rec.memory.rss = v.parse().unwrap_or(0),
+            Some(("mem_budget", v)) => rec.memory.budget = v.parse().unwrap_or(0),
+            Some(("mem_sqlite", v)) => rec.memory.sqlite = v.parse().unwrap_or(0),
+            Some(("mem_caches", v)) => rec.memory.caches = v.parse().unwrap_or(0),
+            Some(("mem_batch", v)) => rec.memory.batch = v.parse().unwrap_or(0),
+            Some(("mem_transport", v)) => rec.memory.transport = v.parse().unwrap_or(0),
             _ => {}
         }
     }

@@ -14,6 +14,9 @@ pub struct Channel {
     fd: OwnedFd,
     /// Requests answered through this channel.
     pub served: AtomicU64,
+    /// Requests read from this channel that take no reply (FORGET, BATCH_FORGET, INTERRUPT):
+    /// the kernel sends these over /dev/fuse also when the ring serves everything else.
+    pub unanswered: AtomicU64,
     /// Transport threads serving this channel ([`serve_loop`]s running).
     readers: AtomicUsize,
     /// Of those, the ones running a mutation in place (see [`Channel::spare`]).
@@ -58,6 +61,7 @@ impl Channel {
         Self {
             fd,
             served: AtomicU64::new(0),
+            unanswered: AtomicU64::new(0),
             readers: AtomicUsize::new(0),
             occupied: AtomicUsize::new(0),
         }
@@ -158,7 +162,11 @@ fn handle(dispatcher: &Dispatcher, msg: &[u8]) -> Option<(u64, Reply)> {
 
 /// Send the reply to request `unique`.
 fn deliver(chan: &Channel, unique: u64, reply: &Reply) {
-    chan.served.fetch_add(1, Ordering::Relaxed);
+    let counter = match reply {
+        Reply::None => &chan.unanswered,
+        _ => &chan.served,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
     if let Err(e) = chan.send(unique, reply) {
         if e.raw_os_error() != Some(libc::ENODEV) {
             tracing::warn!("reply to request {unique} failed: {e}");

@@ -257,6 +257,16 @@ pub struct RingStats {
 
 /// Create every queue before INIT is answered, so a failure simply means "do not offer the
 /// ring". `payload` must be at least the kernel's max(8192, max_write, max_pages * 4096).
+/// Bytes the entries of `queues` keep mapped for the kernel (headers and payloads).
+pub fn mapped_bytes(queues: &[Queue]) -> u64 {
+    let per_entry = |e: &Entry| (e.header.len + e.payload.len) as u64;
+    queues
+        .iter()
+        .flat_map(|q| q.entries.iter())
+        .map(per_entry)
+        .sum()
+}
+
 pub fn prepare(queues: usize, depth: usize, payload: usize) -> io::Result<Vec<Queue>> {
     let mut out = Vec::with_capacity(queues);
     for qid in 0..queues {

@@ -344,11 +344,17 @@ pub fn settled_record(pid: u32) -> agentfs::sys::registry::ServerRecord {
             }
         }
     };
+    // Resident memory moves on its own; the counters are what must settle.
+    let counters =
+        |r: &agentfs::sys::registry::ServerRecord| agentfs::sys::registry::ServerRecord {
+            memory: Default::default(),
+            ..r.clone()
+        };
     let mut last = read();
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(600));
         let now = read();
-        if now == last {
+        if counters(&now) == counters(&last) {
             return now;
         }
         last = now;

@@ -1,0 +1,111 @@
+//! The request counters of `agentfs status` against a known workload, through a real mount on
+//! both transports and in overlay mode: every request lands in the column of the transport
+//! that answered it, and FORGETs (which the kernel sends over /dev/fuse also on a ring mount)
+//! have their own column.
+
+mod common;
+
+use std::fs;
+
+use agentfs::sys::registry::ServerRecord;
+use common::{fuse_or_skip, Mounted, UringParam};
+
+const STATS: u64 = 200;
+
+/// Requests each column gained between two records: (ring, /dev/fuse, forgets).
+fn delta(a: &ServerRecord, b: &ServerRecord) -> (u64, u64, u64) {
+    (
+        b.ring_requests - a.ring_requests,
+        b.devfuse_requests - a.devfuse_requests,
+        b.forgets - a.forgets,
+    )
+}
+
+/// `STATS` stats with the kernel's caches off (each one at least a request, at most three:
+/// LOOKUPs and GETATTRs of the file and the root), then 100 new files forgotten by dropping the kernel's inode cache.
+fn check(m: &Mounted, ring: bool, what: &str) {
+    let pid = m.server_pid();
+    fs::write(m.path("f"), b"x").unwrap();
+    let before = common::settled_record(pid);
+    assert_eq!(before.transport, if ring { "io-uring" } else { "dev-fuse" });
+    for _ in 0..STATS {
+        fs::metadata(m.path("f")).unwrap();
+    }
+    let after = common::settled_record(pid);
+    let (r, d, _) = delta(&before, &after);
+    let (served, other) = if ring { (r, d) } else { (d, r) };
+    assert!(
+        (STATS..=3 * STATS + 10).contains(&served),
+        "{what}: {STATS} stats counted as {served} requests ({after:?})"
+    );
+    assert_eq!(other, 0, "{what}: requests counted on the other transport");
+
+    fs::create_dir(m.path("many")).unwrap();
+    for i in 0..100 {
+        fs::write(m.path(&format!("many/{i}")), b"y").unwrap();
+    }
+    let before = common::settled_record(pid);
+    fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+    let after = common::settled_record(pid);
+    let (_, d, forgets) = delta(&before, &after);
+    assert!(
+        forgets > 0,
+        "{what}: dropped inodes sent no FORGET ({after:?})"
+    );
+    if ring {
+        assert_eq!(
+            d, 0,
+            "{what}: FORGETs counted as answered /dev/fuse requests"
+        );
+    }
+}
+
+fn env(ring: bool) -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("AGENTFS_FUSE_URING", if ring { "1" } else { "0" }),
+        ("AGENTFS_FUSE_ATTR_TTL_MS", "0"),
+        ("AGENTFS_FUSE_ENTRY_TTL_MS", "0"),
+    ]
+}
+
+#[test]
+fn status_counters_match_a_known_workload() {
+    if !fuse_or_skip("status_counters_match_a_known_workload") {
+        return;
+    }
+    for ring in [false, true] {
+        let _param = if ring {
+            match UringParam::set("Y") {
+                Some(p) => Some(p),
+                None => {
+                    eprintln!("SKIP the ring leg: enable_uring is not writable");
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        let m = Mounted::with_env(&env(ring));
+        check(&m, ring, if ring { "io-uring" } else { "dev-fuse" });
+        drop(m);
+
+        // Overlay mode: the same counts over a base directory.
+        let mut m = Mounted::unmounted_with_env(&env(ring));
+        let base = m.dir.path().join("base");
+        fs::create_dir(&base).unwrap();
+        fs::write(base.join("from-base"), b"b").unwrap();
+        let db = m.db.to_str().unwrap().to_string();
+        let out = common::agentfs(&["init", &db, "--base", base.to_str().unwrap()]);
+        assert!(out.status.success(), "{out:?}");
+        m.mount();
+        check(
+            &m,
+            ring,
+            if ring {
+                "overlay, io-uring"
+            } else {
+                "overlay, dev-fuse"
+            },
+        );
+    }
+}

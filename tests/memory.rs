@@ -1,0 +1,181 @@
+//! The memory budget through a real mount: a workload several times larger than a small budget
+//! keeps the server's resident set within the budget plus the fixed overhead (sampled from
+//! /proc while it runs), an idle server falls back to its floor, and the next workload passes.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Mounted;
+
+const MIB: u64 = 1024 * 1024;
+const BUDGET_MIB: u64 = 8;
+/// What a server holds beyond its budget at most: program text and libraries (~7 MiB), thread
+/// stacks, statement caches, the allocator's slack, and one ring entry per queue (the kernel's
+/// minimum) — measured in kernel-notes/memory.md.
+const FIXED_OVERHEAD_MIB: u64 = 24;
+/// Resident set of an idle server after the give-back (kernel-notes/memory.md).
+const IDLE_FLOOR_MIB: u64 = 16;
+
+/// Samples a process's resident set every 20 ms and keeps the highest.
+struct Peak {
+    stop: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Peak {
+    fn start(pid: u32) -> Peak {
+        let stop = Arc::new(AtomicBool::new(false));
+        let peak = Arc::new(AtomicU64::new(0));
+        let (s, p) = (stop.clone(), peak.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                if let Some(r) = agentfs::sys::memory::rss(Some(pid)) {
+                    p.fetch_max(r, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Peak {
+            stop,
+            peak,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+/// Write 48 MiB in 1 MiB writes over three files, 1,500 small files in 15 directories, then
+/// stat and read everything back and compare.
+fn workload(root: &Path, round: u8) {
+    let big: Vec<u8> = (0..MIB as usize).map(|i| (i % 251) as u8 ^ round).collect();
+    for f in 0..3 {
+        let mut w = fs::File::create(root.join(format!("big{f}"))).unwrap();
+        for _ in 0..16 {
+            w.write_all(&big).unwrap();
+        }
+        w.sync_all().unwrap();
+    }
+    for d in 0..15 {
+        let dir = root.join(format!("d{d}"));
+        fs::create_dir_all(&dir).unwrap();
+        for i in 0..100 {
+            fs::write(dir.join(format!("file-{i:04}")), format!("{round}:{d}:{i}")).unwrap();
+        }
+    }
+    let mut seen = 0;
+    for d in 0..15 {
+        for e in fs::read_dir(root.join(format!("d{d}"))).unwrap() {
+            let e = e.unwrap();
+            assert!(e.metadata().unwrap().len() > 0);
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 1500);
+    for d in 0..15 {
+        for i in 0..100 {
+            let got = fs::read_to_string(root.join(format!("d{d}/file-{i:04}"))).unwrap();
+            assert_eq!(got, format!("{round}:{d}:{i}"));
+        }
+    }
+    for f in 0..3 {
+        let got = fs::read(root.join(format!("big{f}"))).unwrap();
+        assert_eq!(got.len() as u64, 16 * MIB);
+        assert!(got.chunks(MIB as usize).all(|c| c == big.as_slice()));
+    }
+}
+
+fn budget_holds(test: &str, uring: bool) {
+    if !common::fuse_or_skip(test) {
+        return;
+    }
+    let _param = if uring {
+        match common::UringParam::set("Y") {
+            Some(p) => Some(p),
+            None => {
+                eprintln!("SKIP {test}: enable_uring is not writable");
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    let budget = BUDGET_MIB.to_string();
+    let m = Mounted::with_env(&[
+        ("AGENTFS_MEMORY_BUDGET_MIB", &budget),
+        ("AGENTFS_MEMORY_IDLE_MS", "1000"),
+        ("AGENTFS_FUSE_URING", if uring { "1" } else { "0" }),
+    ]);
+    let pid = m.server_pid();
+    let rec = common::settled_record(pid);
+    assert_eq!(rec.transport, if uring { "io-uring" } else { "dev-fuse" });
+    assert_eq!(
+        rec.memory.budget,
+        BUDGET_MIB * MIB,
+        "the budget is published"
+    );
+
+    let peak = Peak::start(pid);
+    workload(&m.mnt, 1);
+    let peak = peak.finish();
+    assert!(
+        peak <= (BUDGET_MIB + FIXED_OVERHEAD_MIB) * MIB,
+        "peak RSS {} KiB over a {BUDGET_MIB} MiB budget plus {FIXED_OVERHEAD_MIB} MiB overhead",
+        peak / 1024
+    );
+
+    // Idle: a second without requests, then the give-back: the caches drop to an eighth of
+    // their share (as the status record reports them) and the resident set falls.
+    let end = agentfs::sys::memory::rss(Some(pid)).unwrap();
+    let floor = BUDGET_MIB * MIB / 4 / 8;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let rec = loop {
+        let rec = common::settled_record(pid);
+        if rec.memory.caches <= floor || Instant::now() > deadline {
+            break rec;
+        }
+    };
+    assert!(rec.memory.caches <= floor, "caches not shrunk: {rec:?}");
+    assert!(rec.memory.rss > 0 && rec.memory.transport > 0, "{rec:?}");
+    let idle = agentfs::sys::memory::rss(Some(pid)).unwrap();
+    assert!(
+        idle <= IDLE_FLOOR_MIB * MIB && idle < end,
+        "idle RSS {} KiB: above the {IDLE_FLOOR_MIB} MiB floor or not below the {} KiB at the \
+         workload's end",
+        idle / 1024,
+        end / 1024
+    );
+    eprintln!(
+        "{test}: peak {} KiB, end {} KiB, idle {} KiB",
+        peak / 1024,
+        end / 1024,
+        idle / 1024
+    );
+
+    // The next workload refills what the idle server dropped and still passes.
+    workload(&m.mnt, 2);
+    drop(m);
+}
+
+#[test]
+fn small_budget_bounds_rss_and_idle_gives_back_devfuse() {
+    budget_holds("small_budget_bounds_rss_and_idle_gives_back_devfuse", false);
+}
+
+#[test]
+fn small_budget_bounds_rss_and_idle_gives_back_uring() {
+    budget_holds("small_budget_bounds_rss_and_idle_gives_back_uring", true);
+}
