@@ -438,10 +438,19 @@ fn a_background_server_logs_the_loss_where_status_says() {
     eventually("agentfs status shows no failure", || {
         let out = common::agentfs(&["status"]);
         let text = String::from_utf8_lossy(&out.stdout).to_string();
-        let mut lines = text.lines().skip_while(|l| !l.contains(&mine)).skip(1);
-        let (l1, l2) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
-        log = l1.trim().strip_prefix("log: ").map(PathBuf::from);
-        l2.trim().starts_with("FAILED: ")
+        // The server's detail lines (memory, log, failure) follow its row, indented.
+        let detail: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.contains(&mine))
+            .skip(1)
+            .take_while(|l| l.starts_with(' '))
+            .map(str::trim)
+            .collect();
+        log = detail
+            .iter()
+            .find_map(|l| l.strip_prefix("log: "))
+            .map(PathBuf::from);
+        detail.iter().any(|l| l.starts_with("FAILED: "))
     });
     let log = log.expect("agentfs status names no log");
     let text = fs::read_to_string(&log).unwrap();
