@@ -1,6 +1,6 @@
 //! Launch overhead of the sandbox: `sandbox::run` and `sandbox::exec` (joining a live sandbox)
 //! of `true`, beside `unshare -Urmpf true` and, where installed, `bwrap ... true`, in the same
-//! run. Median and p99 of `AGENTFS_BENCH_SANDBOX_N` launches each (default 30).
+//! run. Median and p99 of `AGENTFS_BENCH_SANDBOX_N` launches each.
 //!
 //! `cargo bench --bench sandbox` (root, /dev/fuse). The bench runs the library API in a copy of
 //! itself (as the tests do), so every launch pays for one process start, as `agentfs run` would.
@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use agentfs::sandbox::request::{HomeMode, Net, Policy, SandboxRequest};
 
-const ROLE: &str = "AGENTFS_BENCH_SANDBOX_ROLE";
-const ROOT: &str = "AGENTFS_BENCH_SANDBOX_ROOT";
+const ROLE: &str = "BENCH_SANDBOX_ROLE";
+const ROOT: &str = "BENCH_SANDBOX_ROOT";
 
 fn request(root: &Path, command: &[&str]) -> SandboxRequest {
     let source = root.join("src");
@@ -100,10 +100,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         return;
     }
-    let n: usize = std::env::var("AGENTFS_BENCH_SANDBOX_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
+    let n = agentfs::knobs::get().bench_sandbox_n as usize;
     let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("bench-sandbox-{}", std::process::id()));
     std::fs::create_dir_all(root.join("src")).expect("scratch");

@@ -99,4 +99,6 @@ knob_table! {
         "Tests: a missing /dev/fuse is a failure instead of a skip (CI sets 1).";
     bench_quick: Bool = false, [0, 1], Policy, "AGENTFS_BENCH_QUICK",
         "Benchmarks: the mount-level benches (workloads, transport) run their quick subset (smaller sizes, under 2 minutes).";
+    bench_sandbox_n: U64 = 30, [1, 100000], Policy, "AGENTFS_BENCH_SANDBOX_N",
+        "Benchmarks: launches of each kind the sandbox bench times (median and p99 of these).";
 }

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use common::{agentfs, fuse_or_skip, scratch_root};
 
-const SPEC: &str = "AGENTFS_SANDBOX_TEST_SPEC";
+const SPEC: &str = "SANDBOX_TEST_SPEC";
 
 /// A request as the test writes it down (the helper turns it into a `SandboxRequest`).
 #[derive(Serialize, Deserialize, Clone)]

@@ -45,8 +45,7 @@ const BASELINE_ENV: &[&str] = &[
     "HOME", "USER", "LOGNAME", "PATH", "SHELL", "TERM", "LANG", "TZ",
 ];
 
-/// The variable that marks the inside of a sandbox; its value is the project's name.
-pub const SANDBOX_ENV: &str = "AGENTFS_SANDBOX";
+pub use crate::sandbox::request::SANDBOX_ENV;
 
 /// `~` and `~/...` against `home`, then a relative path against the working directory.
 pub fn expand(s: &str, home: &Path) -> PathBuf {
@@ -152,19 +151,19 @@ pub fn shell_command(project: &str, shell: &Path) -> (Vec<OsString>, Vec<(OsStri
     let script = match kind {
         "bash" => format!(
             "rc=$(mktemp \"${{TMPDIR:-/tmp}}/agentfs-rc.XXXXXX\") || exit 125\n\
-             cat > \"$rc\" <<'AGENTFS_RC'\n\
+             cat > \"$rc\" <<'RC_END'\n\
              if [ -f \"$HOME/.bashrc\" ]; then . \"$HOME/.bashrc\"; fi\n\
              PS1=\"[{project}] $PS1\"\n\
-             AGENTFS_RC\n\
+             RC_END\n\
              exec \"$0\" --rcfile \"$rc\" -i\n"
         ),
         "zsh" => format!(
             "d=$(mktemp -d \"${{TMPDIR:-/tmp}}/agentfs-rc.XXXXXX\") || exit 125\n\
-             cat > \"$d/.zshrc\" <<'AGENTFS_RC'\n\
+             cat > \"$d/.zshrc\" <<'RC_END'\n\
              ZDOTDIR=\"$HOME\"\n\
              if [ -f \"$HOME/.zshrc\" ]; then . \"$HOME/.zshrc\"; fi\n\
              PROMPT=\"[{project}] $PROMPT\"\n\
-             AGENTFS_RC\n\
+             RC_END\n\
              ZDOTDIR=\"$d\" exec \"$0\" -i\n"
         ),
         _ => {

@@ -483,7 +483,7 @@ fn start_command(
                         .env_clear()
                         .envs(req.env.iter().map(|(k, v)| (k, v)))
                         .envs(extra_env.iter().map(|(k, v)| (k, v)))
-                        .env("AGENTFS_SANDBOX", &req.project)
+                        .env(super::request::SANDBOX_ENV, &req.project)
                         .current_dir(&req.cwd)
                         .exec();
                     format!("{}: {e}", Path::new(prog).display())

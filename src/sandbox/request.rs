@@ -5,6 +5,10 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+/// Set in the command's environment to the project's name: how a program knows it runs in a
+/// sandbox. A marker we set, not a knob anything reads.
+pub const SANDBOX_ENV: &str = "AGENTFS_SANDBOX";
+
 /// One launch of a command in a project's sandbox.
 #[derive(Debug, Clone)]
 pub struct SandboxRequest {
