@@ -16,7 +16,7 @@ use std::process::{Command, Output};
 use agentfs::sandbox::request::{Bind, HomeMode, Net, Policy, PolicyMode, SandboxRequest};
 use serde::{Deserialize, Serialize};
 
-use common::{agentfs, fuse_or_skip, scratch_root};
+use common::{agentfs, fuse_or_skip, scratch_root, DevFuseMode};
 
 const SPEC: &str = "SANDBOX_TEST_SPEC";
 
@@ -139,11 +139,8 @@ impl Project {
         fs::write(home.join(".netrc"), "machine x password y\n").unwrap();
         setup(&root, &source);
         fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
-        // Everything belongs to the user the command runs as (65534 for root-started runs).
-        let owner = user.unwrap_or((65534, 65534));
-        chown_tree(&root, owner);
-        // The delta is made by the command's user, as `agentfs init` run by that user would:
-        // its root directory is theirs.
+        // The delta is made by root: its root directory is root's. The sandbox serves the
+        // project as owned by the command's user all the same.
         let db = project_dir.join("delta.db");
         let out = Command::new(common::bin())
             .args([
@@ -152,11 +149,12 @@ impl Project {
                 "--base",
                 source.to_str().unwrap(),
             ])
-            .uid(owner.0)
-            .gid(owner.1)
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
+        // Every file belongs to the user the command runs as (65534 for root-started runs),
+        // so a rootless server can open the database.
+        chown_tree(&root, user.unwrap_or((65534, 65534)));
         let spec = Spec {
             project: name.into(),
             project_dir,
@@ -331,6 +329,34 @@ fn the_project_is_at_its_real_path_and_writes_land_in_the_delta_only() {
         .mounts
         .iter()
         .any(|m| m.op == "fuse" && m.path == p.spec.source && m.mode == "rw"));
+}
+
+#[test]
+fn a_root_owned_project_is_served_as_owned_by_the_command() {
+    if !ready("a_root_owned_project_is_served_as_owned_by_the_command") {
+        return;
+    }
+    let p = Project::new("rootowned", None);
+    // The project's files and the delta's root directory belong to root; the command runs
+    // as 65534.
+    chown_tree(p.source(), (0, 0));
+    let before = listing(p.source());
+    let out = p.run(&format!(
+        "cd {src} && echo new > new.txt && echo more >> hello.txt && chmod 600 hello.txt && mkdir d && touch d/x && stat -c '%n %u:%g %a' . new.txt hello.txt d d/x sub/keep.txt",
+        src = p.source().display()
+    ));
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    for name in [".", "new.txt", "hello.txt", "d", "d/x", "sub/keep.txt"] {
+        let want = format!("\n{name} 65534:65534 ");
+        assert!(
+            format!("\n{text}").contains(&want),
+            "{want:?} not in {text}"
+        );
+    }
+    assert!(text.contains("hello.txt 65534:65534 600\n"), "{text}");
+    assert_eq!(before, listing(p.source()), "the host directory changed");
+    no_sandbox_mounts_on_host(&p);
 }
 
 #[test]
@@ -695,9 +721,14 @@ fn an_unprivileged_user_runs_a_sandbox() {
     }
     let _open = common::DevFuseMode::open_up();
     let p = Project::new("rootless", Some(ids));
+    // A file of another owner in the project: squashed to the user like the rest, it is
+    // theirs to write and chmod (the change reaches the delta only).
+    let theirs = p.source().join("theirs.txt");
+    fs::write(&theirs, "root's\n").unwrap();
+    std::os::unix::fs::lchown(&theirs, Some(0), Some(0)).unwrap();
     let before = listing(p.source());
     let out = p.run(&format!(
-        "id -u; echo x > {src}/made && cat {src}/made; touch /usr/x 2>&1 | grep -c 'Read-only'; unshare -Urm sh -c 'umount {home}/.ssh 2>/dev/null || echo NESTED-REFUSED'",
+        "id -u; echo x > {src}/made && cat {src}/made; touch /usr/x 2>&1 | grep -c 'Read-only'; unshare -Urm sh -c 'umount {home}/.ssh 2>/dev/null || echo NESTED-REFUSED'; echo more >> {src}/theirs.txt && chmod 600 {src}/theirs.txt && stat -c 'THEIRS %u:%g %a' {src}/theirs.txt",
         src = p.source().display(),
         home = p.spec.home_dir.display()
     ));
@@ -705,6 +736,10 @@ fn an_unprivileged_user_runs_a_sandbox() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(
         text.contains(&format!("{}\nx\n1\nNESTED-REFUSED", ids.0)),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("THEIRS {}:{} 600", ids.0, ids.1)),
         "{text}"
     );
     assert_eq!(before, listing(p.source()));

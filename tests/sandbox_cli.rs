@@ -92,6 +92,8 @@ fn exit_statuses_propagate_and_nothing_stays_mounted() {
 fn exit_statuses_as_an_ordinary_user() {
     let test = "exit_statuses_as_an_ordinary_user";
     if user_can_run(test) {
+        // The ordinary user's sandbox opens /dev/fuse itself.
+        let _open = common::DevFuseMode::open_up();
         exit_statuses(&World::new(Some(USER)));
     }
 }
@@ -108,7 +110,9 @@ fn writes_land_in_the_delta_and_the_host_tree_is_untouched() {
     assert!(o.status.success(), "{}", err(&o));
     assert_eq!(stdout(&o), format!("new\n{}\n", src.display()));
     assert_eq!(snapshot(&src), before, "the host tree changed");
-    let d = w.af(&["diff", "app", "--name-only"]);
+    // By its database: the name `app` is also the source directory in the world's cwd.
+    let db = w.root().join("app/delta.db");
+    let d = w.af(&["diff", db.to_str().unwrap(), "--name-only"]);
     let mut names: Vec<String> = stdout(&d).lines().map(str::to_string).collect();
     names.sort();
     assert_eq!(names, vec!["/README", "/new.txt", "/sub/f"]);
@@ -122,7 +126,7 @@ fn writes_land_in_the_delta_and_the_host_tree_is_untouched() {
         "cat new.txt; test ! -e README",
     ]);
     assert_eq!(stdout(&o), "new\n", "{}", err(&o));
-    let i = w.af(&["integrity", w.root().join("app/delta.db").to_str().unwrap()]);
+    let i = w.af(&["integrity", db.to_str().unwrap()]);
     assert!(i.status.success(), "{}", err(&i));
 }
 
@@ -217,8 +221,9 @@ fn the_policy_leaves_everything_else_read_only_and_masks_hold() {
         !Path::new("/tmp/agentfs-sandbox-cli-private").exists(),
         "/tmp is shared"
     );
-    let d = w.af(&["diff", "pol", "--name-only"]);
-    assert_eq!(stdout(&d), "/out/a\n");
+    let db = w.root().join("pol/delta.db");
+    let d = w.af(&["diff", db.to_str().unwrap(), "--name-only"]);
+    assert_eq!(stdout(&d), "/out/a\n", "{}", err(&d));
 }
 
 /// `git` with a fixed identity, run on the host.
@@ -293,6 +298,13 @@ fn a_linked_worktree_commits_once_its_git_directory_is_granted() {
         "{}",
         err(&denied)
     );
+    // A bound host directory keeps its host owners: it is the command's user's (65534 for
+    // this root-started run), as a sudo user's own repository is theirs.
+    let chown = std::process::Command::new("chown")
+        .args(["-R", "65534:65534", gd_s])
+        .output()
+        .unwrap();
+    assert!(chown.status.success(), "{}", err(&chown));
     let granted = w.af(&[
         "run",
         "wt",

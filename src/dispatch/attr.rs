@@ -4,12 +4,15 @@ use std::time::Duration;
 
 use super::Entry;
 use crate::abi;
-use crate::store::{Attr, StatFs};
+use crate::store::{Attr, Caller, StatFs};
 
 /// st_blksize we report: the preferred I/O size.
 const BLKSIZE: u32 = 4096;
 
-pub fn fuse_attr(a: &Attr) -> abi::Attr {
+/// `a` as the kernel is told it; `owner` (see [`crate::dispatch::Dispatcher::set_owner`])
+/// replaces every inode's uid and gid.
+pub fn fuse_attr(a: &Attr, owner: Option<Caller>) -> abi::Attr {
+    let (uid, gid) = owner.map_or((a.uid, a.gid), |o| (o.uid, o.gid));
     abi::Attr {
         ino: a.ino.0,
         size: a.size,
@@ -22,15 +25,20 @@ pub fn fuse_attr(a: &Attr) -> abi::Attr {
         ctimensec: a.ctime.nsec,
         mode: a.mode,
         nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
+        uid,
+        gid,
         rdev: a.rdev,
         blksize: BLKSIZE,
         flags: 0,
     }
 }
 
-pub fn entry_out(e: &Entry, entry_ttl: Duration, attr_ttl: Duration) -> abi::EntryOut {
+pub fn entry_out(
+    e: &Entry,
+    entry_ttl: Duration,
+    attr_ttl: Duration,
+    owner: Option<Caller>,
+) -> abi::EntryOut {
     abi::EntryOut {
         nodeid: e.node.0,
         generation: 0,
@@ -38,16 +46,16 @@ pub fn entry_out(e: &Entry, entry_ttl: Duration, attr_ttl: Duration) -> abi::Ent
         attr_valid: attr_ttl.as_secs(),
         entry_valid_nsec: entry_ttl.subsec_nanos(),
         attr_valid_nsec: attr_ttl.subsec_nanos(),
-        attr: fuse_attr(&e.attr),
+        attr: fuse_attr(&e.attr, owner),
     }
 }
 
 /// A READDIRPLUS record the kernel lists but does not link (node id 0, no reference): "." and
 /// "..", and recent victims (see `victims`).
-pub fn unlinked_entry(a: &Attr) -> abi::EntryOut {
+pub fn unlinked_entry(a: &Attr, owner: Option<Caller>) -> abi::EntryOut {
     abi::EntryOut {
         nodeid: 0,
-        attr: fuse_attr(a),
+        attr: fuse_attr(a, owner),
         ..Default::default()
     }
 }
@@ -62,12 +70,12 @@ pub fn negative_entry(ttl: Duration) -> abi::EntryOut {
     }
 }
 
-pub fn attr_out(a: &Attr, ttl: Duration) -> abi::AttrOut {
+pub fn attr_out(a: &Attr, ttl: Duration, owner: Option<Caller>) -> abi::AttrOut {
     abi::AttrOut {
         attr_valid: ttl.as_secs(),
         attr_valid_nsec: ttl.subsec_nanos(),
         dummy: 0,
-        attr: fuse_attr(a),
+        attr: fuse_attr(a, owner),
     }
 }
 

@@ -56,6 +56,9 @@ pub struct Dispatcher {
     notifier: OnceLock<Notifier>,
     /// The test-only fault hook (see [`Dispatcher::fault`]); None when the knob is empty.
     fault_panic: Option<String>,
+    /// The owner every inode is shown with and every new inode gets (see
+    /// [`Dispatcher::set_owner`]); None: the stored owners and the caller's ids.
+    owner: OnceLock<Caller>,
 }
 
 /// Writes one complete notification message to the kernel.
@@ -84,7 +87,19 @@ impl Dispatcher {
             fills: knobs.fuse_noopendir.then(fills::Fills::default),
             notifier: OnceLock::new(),
             fault_panic: Some(knobs.fault_panic.clone()).filter(|f| !f.is_empty()),
+            owner: OnceLock::new(),
         }
+    }
+
+    /// Show every inode as owned by `owner` and give it every new inode, whoever asks (a
+    /// sandbox: the command's ids as its mount's user namespace maps them, see
+    /// docs/sandbox.md). Set once, before the connection is served.
+    pub fn set_owner(&self, owner: Caller) {
+        let _ = self.owner.set(owner);
+    }
+
+    fn owner(&self) -> Option<Caller> {
+        self.owner.get().copied()
     }
 
     /// Install the sender of notifications (once; later calls are ignored).
@@ -311,6 +326,8 @@ impl Dispatcher {
             uid: req.header.uid,
             gid: req.header.gid,
         };
+        // Who a new inode belongs to; `caller` itself still tells whether the writer is root.
+        let creator = self.owner().unwrap_or(caller);
         let result = match &req.op {
             Operation::Init { .. } => Err(Errno::EIO),
             Operation::Destroy => {
@@ -331,22 +348,25 @@ impl Dispatcher {
             }
             Operation::Interrupt { .. } => Ok(Reply::None),
             Operation::Lookup { name } => self.lookup(ino, name),
-            Operation::Getattr { .. } => self
-                .fs
-                .getattr(ino)
-                .map(|a| Reply::Data(reply::attr(&attr::attr_out(&a, self.attr_ttl(ino))))),
+            Operation::Getattr { .. } => self.fs.getattr(ino).map(|a| {
+                Reply::Data(reply::attr(&attr::attr_out(
+                    &a,
+                    self.attr_ttl(ino),
+                    self.owner(),
+                )))
+            }),
             Operation::Setattr(s) => self.setattr(ino, s),
             Operation::Readlink => self.fs.readlink(ino).map(Reply::Data),
             Operation::Symlink { name, target } => name_ok(name)
-                .and_then(|n| self.fs.symlink(ino, n, target, caller))
+                .and_then(|n| self.fs.symlink(ino, n, target, creator))
                 .map(|a| self.changed_entry(ino, a)),
             Operation::Mknod {
                 name, mode, rdev, ..
             } => name_ok(name)
-                .and_then(|n| self.fs.mknod(ino, n, *mode, *rdev, caller))
+                .and_then(|n| self.fs.mknod(ino, n, *mode, *rdev, creator))
                 .map(|a| self.changed_entry(ino, a)),
             Operation::Mkdir { name, mode, .. } => name_ok(name)
-                .and_then(|n| self.fs.mkdir(ino, n, *mode, caller))
+                .and_then(|n| self.fs.mkdir(ino, n, *mode, creator))
                 .map(|a| self.changed_entry(ino, a)),
             Operation::Unlink { name } => {
                 let victim = self.fs.peek(ino, name);
@@ -378,8 +398,8 @@ impl Dispatcher {
             Operation::Open { .. } => Ok(Reply::Data(reply::open(&self.open_out()))),
             Operation::Opendir { .. } => Ok(Reply::Data(reply::open(&abi::OpenOut::default()))),
             Operation::Flush { .. } if self.knobs.fuse_noflush => Err(Errno::ENOSYS),
-            Operation::Create { name, mode, .. } => self.create(ino, name, *mode, caller),
-            Operation::Tmpfile { mode, .. } => self.tmpfile(ino, *mode, caller),
+            Operation::Create { name, mode, .. } => self.create(ino, name, *mode, creator),
+            Operation::Tmpfile { mode, .. } => self.tmpfile(ino, *mode, creator),
             Operation::Read { offset, size, .. } => {
                 self.fs.read(ino, *offset, *size).map(Reply::Data)
             }
@@ -499,6 +519,7 @@ impl Dispatcher {
             &e,
             self.ttl.entry,
             self.attr_ttl(e.node),
+            self.owner(),
         )))
     }
 
@@ -541,7 +562,7 @@ impl Dispatcher {
         let e = self.fs.mknod(parent, name, mode, 0, caller)?;
         self.listed_changed(&[parent]);
         self.refs.add(e.node, 1);
-        let entry = attr::entry_out(&e, self.ttl.entry, self.ttl.attr);
+        let entry = attr::entry_out(&e, self.ttl.entry, self.ttl.attr, self.owner());
         Ok(Reply::Data(reply::create(&entry, &self.open_out())))
     }
 
@@ -551,7 +572,7 @@ impl Dispatcher {
         let e = self.fs.tmpfile(parent, mode & 0o7777, caller)?;
         self.refs.add(e.node, 1);
         crate::store::Liveness::retain_orphan(&self.refs, e.node);
-        let entry = attr::entry_out(&e, self.ttl.entry, self.ttl.attr);
+        let entry = attr::entry_out(&e, self.ttl.entry, self.ttl.attr, self.owner());
         Ok(Reply::Data(reply::create(&entry, &self.open_out())))
     }
 
@@ -594,7 +615,11 @@ impl Dispatcher {
             },
         };
         let a = self.fs.setattr(ino, &set)?;
-        Ok(Reply::Data(reply::attr(&attr::attr_out(&a, self.ttl.attr))))
+        Ok(Reply::Data(reply::attr(&attr::attr_out(
+            &a,
+            self.ttl.attr,
+            self.owner(),
+        ))))
     }
 
     /// setxattr of an access ACL: it sets the mode (see `acl`).
@@ -688,9 +713,9 @@ impl Dispatcher {
                 let unlinked =
                     e.name == b"." || e.name == b".." || self.victims.is_recent(ent.node);
                 let out = if unlinked {
-                    attr::unlinked_entry(&ent.attr)
+                    attr::unlinked_entry(&ent.attr, self.owner())
                 } else {
-                    attr::entry_out(ent, self.ttl.entry, self.ttl.attr)
+                    attr::entry_out(ent, self.ttl.entry, self.ttl.attr, self.owner())
                 };
                 if !buf.push(&out, e.offset, attr::dirent_type(e.kind), &e.name) {
                     // The entries not sent (this one and the rest of the batch) carry no

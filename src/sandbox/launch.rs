@@ -207,7 +207,8 @@ fn supervise(
             b'P' => pid1 = String::from_utf8_lossy(rest).parse().unwrap_or(0),
             b'F' => match (fd, prepared.take()) {
                 (Some(fd), Some(p)) => {
-                    server_thread = Some(start_server(p, fd, &req.source, knobs));
+                    let owner = (rec.uid_inside, rec.gid_inside);
+                    server_thread = Some(start_server(p, fd, &req.source, owner, knobs));
                     send(sup, b"A");
                 }
                 _ => {
@@ -259,10 +260,13 @@ fn supervise(
     status
 }
 
+/// Serve the project on `fd`, every inode owned by `owner`: the command's ids, which both
+/// the mount's user namespace and the command's map to themselves (docs/sandbox.md).
 fn start_server(
     p: server::Prepared,
     fd: OwnedFd,
     source: &Path,
+    owner: (u32, u32),
     knobs: &Knobs,
 ) -> std::thread::JoinHandle<Result<(), server::ServerError>> {
     let opts = ServeOptions {
@@ -270,6 +274,7 @@ fn start_server(
         register: false,
         log: None,
         unmount_on_signal: false,
+        owner: Some(owner),
     };
     let knobs = knobs.clone();
     std::thread::spawn(move || p.serve(fd, &opts, &knobs, &mut ()))

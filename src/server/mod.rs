@@ -64,6 +64,10 @@ pub struct ServeOptions {
     pub log: Option<PathBuf>,
     /// Unmount `mount_point` on SIGINT, SIGTERM or SIGHUP (the caller blocked them).
     pub unmount_on_signal: bool,
+    /// Show every inode as owned by this uid and gid, and give them every new inode (the
+    /// sandbox: its command's ids as the mount's user namespace maps them). None: the stored
+    /// owners, and new inodes belong to whoever creates them.
+    pub owner: Option<(u32, u32)>,
 }
 
 /// Lock and open the database at `db` and build the filesystem it holds.
@@ -122,6 +126,9 @@ impl Prepared {
         let mnt = opts.mount_point.clone();
         let chan = Arc::new(Channel::new(fd));
         let dispatcher = Arc::new(Dispatcher::new(fs, knobs));
+        if let Some((uid, gid)) = opts.owner {
+            dispatcher.set_owner(crate::store::Caller { uid, gid });
+        }
         let notify_chan = chan.clone();
         dispatcher.set_notifier(Box::new(move |m| {
             if let Err(e) = notify_chan.send_raw(m, &[]) {

@@ -41,6 +41,7 @@ pub fn run(
         register: true,
         log,
         unmount_on_signal: true,
+        owner: None,
     };
     let served = prepared.serve(fd, &opts, knobs, ready);
     if let Err(SessionError::Handshake(_)) = &served {
