@@ -62,8 +62,6 @@ fn quick_as_an_ordinary_user() {
     if !user_can_run("quick_as_an_ordinary_user") {
         return;
     }
-    // The ordinary user's sandbox opens /dev/fuse itself.
-    let _open = common::DevFuseMode::open_up();
     let w = World::new(Some(USER));
     quick_makes_reuses_and_names(&w);
     let md = fs::metadata(w.root().join("api")).unwrap();

@@ -16,7 +16,7 @@ use std::process::{Command, Output};
 use agentfs::sandbox::request::{Bind, HomeMode, Net, Policy, PolicyMode, SandboxRequest};
 use serde::{Deserialize, Serialize};
 
-use common::{agentfs, fuse_or_skip, scratch_root, DevFuseMode};
+use common::{agentfs, fuse_or_skip, scratch_root};
 
 const SPEC: &str = "SANDBOX_TEST_SPEC";
 

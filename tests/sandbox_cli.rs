@@ -92,8 +92,6 @@ fn exit_statuses_propagate_and_nothing_stays_mounted() {
 fn exit_statuses_as_an_ordinary_user() {
     let test = "exit_statuses_as_an_ordinary_user";
     if user_can_run(test) {
-        // The ordinary user's sandbox opens /dev/fuse itself.
-        let _open = common::DevFuseMode::open_up();
         exit_statuses(&World::new(Some(USER)));
     }
 }
