@@ -96,6 +96,9 @@ fn a_name_or_a_database_path() {
     refused(&w.af(&["init", "notes", "--project"]), 1, "project_exists");
     refused(&w.af(&["run", "nothing", "--", "true"]), 125, "no_project");
     refused(&w.af(&["run", "notes", "--", "true"]), 125, "no_source");
+    // Every verb the hint names takes --project: the name, not the file, is meant.
+    refused(&w.af(&["diff", "--project", "notes"]), 1, "no_source");
+    refused(&w.af(&["apply", "--project", "notes"]), 1, "no_source");
     fs::remove_file(w.base.join("notes")).unwrap();
     refused(&w.af(&["diff", "notes"]), 1, "no_source");
 }

@@ -10,6 +10,9 @@ pub struct Args {
     /// The overlay delta database or a project name (not while it is mounted or its sandbox
     /// runs, except with --dry-run).
     pub db: PathBuf,
+    /// Take the argument as a project name even where a file of that name exists here.
+    #[arg(long)]
+    pub project: bool,
     /// Print the steps and any conflicts, and write nothing (also while DB is mounted: it
     /// only reads, and sees what the server has committed).
     #[arg(long)]
@@ -21,7 +24,7 @@ pub struct Args {
 }
 
 pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
-    a.db = crate::project::delta_path(&a.db, knobs).map_err(|e| e.to_string())?;
+    a.db = crate::project::delta_path(&a.db, a.project, knobs).map_err(|e| e.to_string())?;
     // Held for the whole apply, so no mount of this database can start meanwhile. A dry run
     // writes nothing and may look at a mounted delta.
     let _lock = if a.dry_run {

@@ -13,6 +13,9 @@ pub struct Args {
     /// The overlay delta database (made with `agentfs init --base`) or a project name; safe
     /// while mounted. With two more arguments: a project name.
     pub db: PathBuf,
+    /// Take the argument as a project name even where a file of that name exists here.
+    #[arg(long)]
+    pub project: bool,
     /// Two snapshots of project DB (tags, hashes, HEAD~N) to compare path by path instead.
     #[arg(num_args = 0..=2, conflicts_with_all = ["name_only", "patch"])]
     pub snapshots: Vec<String>,
@@ -39,7 +42,7 @@ pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
         [x, y] => return super::history::diff(&a.db.to_string_lossy(), x, y, a.json),
         _ => return Err("diff takes DB, or NAME A B (two snapshots of a project)".into()),
     }
-    a.db = crate::project::delta_path(&a.db, knobs).map_err(|e| e.to_string())?;
+    a.db = crate::project::delta_path(&a.db, a.project, knobs).map_err(|e| e.to_string())?;
     let overlay = Overlay::open(&a.db)?;
     let changes = overlay.changes()?;
     let mut out = Vec::new();

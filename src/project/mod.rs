@@ -177,9 +177,9 @@ fn classify_in(arg: &OsStr, force_project: bool, cwd: &Path) -> Result<Target, E
 }
 
 /// The delta database an argument names: a database path as it is, a project name as its
-/// delta.db (the project must exist and overlay a directory).
-pub fn delta_path(arg: &Path, knobs: &Knobs) -> Result<PathBuf, Error> {
-    match classify(arg.as_os_str(), false)? {
+/// delta.db (the project must exist and overlay a directory); `force_project` is `--project`.
+pub fn delta_path(arg: &Path, force_project: bool, knobs: &Knobs) -> Result<PathBuf, Error> {
+    match classify(arg.as_os_str(), force_project)? {
         Target::Database(p) => Ok(p),
         Target::Project(name) => {
             let p = Project::open(&root(knobs)?, &name)?;
