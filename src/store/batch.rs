@@ -485,7 +485,6 @@ impl<D: Durability> Batcher<D> {
             self.done.wait(&mut st);
             st.waiting -= 1;
         }
-        let was_empty = st.inodes.is_empty();
         let p = st.inodes.entry(ino).or_insert_with(|| Pending {
             open: Extents::default(),
             inflight: None,
@@ -494,7 +493,10 @@ impl<D: Durability> Batcher<D> {
             since: Instant::now(),
             cut: None,
         });
-        if p.open_idle() {
+        // A new deadline: the committer may be asleep without one (every other pending inode
+        // in flight elsewhere), so it must hear of it.
+        let new_deadline = p.open_idle();
+        if new_deadline {
             p.since = Instant::now();
         }
         let before = p.open.bytes();
@@ -508,7 +510,7 @@ impl<D: Durability> Batcher<D> {
         st.bytes = st.bytes + after - before;
         let urgent = hot || st.bytes >= self.cfg.max_pending / 2;
         drop(st);
-        if urgent || was_empty {
+        if urgent || new_deadline {
             self.wake.notify_one();
         }
     }
@@ -518,7 +520,6 @@ impl<D: Durability> Batcher<D> {
     /// `mtime` and `ctime` are the truncate's times.
     pub fn truncate_to_zero(&self, ino: Ino, mtime: Timespec, ctime: Timespec) {
         let mut st = self.state.lock();
-        let was_empty = st.inodes.is_empty();
         let p = st.inodes.entry(ino).or_insert_with(|| Pending {
             open: Extents::default(),
             inflight: None,
@@ -527,7 +528,8 @@ impl<D: Durability> Batcher<D> {
             since: Instant::now(),
             cut: None,
         });
-        if p.open_idle() {
+        let new_deadline = p.open_idle();
+        if new_deadline {
             p.since = Instant::now();
         }
         let dropped = p.open.bytes();
@@ -538,7 +540,7 @@ impl<D: Durability> Batcher<D> {
         st.bytes -= dropped;
         self.version.fetch_add(1, Ordering::Release);
         drop(st);
-        if was_empty {
+        if new_deadline {
             self.wake.notify_one();
         }
     }
@@ -626,6 +628,9 @@ impl<D: Durability> Batcher<D> {
             }
         }
         self.done.notify_all();
+        // The committer skips inodes in flight and may sleep without a deadline while they
+        // are: it looks again now that this one is back (with restored or newer bytes).
+        self.wake.notify_one();
     }
 
     /// A commit of `b` failed: its bytes are dropped and the sticky failure recorded.

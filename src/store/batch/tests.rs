@@ -351,6 +351,38 @@ fn discard_drops_pending_and_claims_restore() {
     assert!(b.backend().lock().durable.is_empty());
 }
 
+/// Bytes written while every other pending inode is claimed elsewhere still commit within the
+/// window: the committer, asleep without a deadline, hears of them.
+#[test]
+fn a_write_during_a_claim_elsewhere_is_committed_without_a_barrier() {
+    let b = Batcher::new(
+        Fake::default(),
+        cfg(20, 1024, 1 << 20, 1 << 30),
+        Default::default(),
+    );
+    b.start().unwrap();
+    b.write(Ino(1), 0, &[1u8; 10], Some(T));
+    let c = b.claim(Ino(1)).unwrap();
+    // Past the window: the committer found only a claimed inode and went to sleep.
+    std::thread::sleep(Duration::from_millis(100));
+    b.write(Ino(2), 0, &[2u8; 10], Some(T));
+    b.finish(&c, Finish::Restore { clear_mtime: false });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while b.pending_bytes() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} bytes never committed",
+            b.pending_bytes()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let st = b.backend().lock();
+    assert_eq!(st.committed.get(&Ino(1)), Some(&vec![1u8; 10]));
+    assert_eq!(st.committed.get(&Ino(2)), Some(&vec![2u8; 10]));
+    drop(st);
+    b.shutdown().unwrap();
+}
+
 /// Extents against a byte-per-position model.
 #[test]
 fn extents_match_a_simple_model() {
