@@ -235,25 +235,37 @@ fn git(dir: &Path, args: &[&str]) {
     assert!(o.status.success(), "git {args:?}: {}", err(&o));
 }
 
+/// False (after a SKIP line) when git is not installed.
+fn git_or_skip(test: &str) -> bool {
+    let there = std::process::Command::new("git")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !there {
+        eprintln!("SKIP {test}: git is not installed");
+    }
+    there
+}
+
+/// A source directory of the world made a git repository with one commit (its README).
+fn repo(w: &World, rel: &str) -> std::path::PathBuf {
+    let dir = w.source(rel);
+    git(&dir, &["init", "-q", "-b", "main"]);
+    git(&dir, &["add", "README"]);
+    git(&dir, &["commit", "-qm", "first"]);
+    dir
+}
+
 const COMMIT: &str = "echo change >> README && git add README && \
                       git -c user.name=t -c user.email=t@t commit -qm inside && git log --oneline | wc -l";
 
 #[test]
 fn git_works_inside_a_project() {
-    let test = "git_works_inside_a_project";
-    if std::process::Command::new("git")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIP {test}: git is not installed");
+    if !git_or_skip("git_works_inside_a_project") {
         return;
     }
     let w = World::new(None);
-    let src = w.source("repo");
-    git(&src, &["init", "-q", "-b", "main"]);
-    git(&src, &["add", "README"]);
-    git(&src, &["commit", "-qm", "first"]);
+    let src = repo(&w, "repo");
     let before = snapshot(&src);
     let script = format!("git status --short && {COMMIT}");
     let o = w.af(&["quick", src.to_str().unwrap(), "--", "sh", "-c", &script]);
@@ -267,20 +279,11 @@ fn git_works_inside_a_project() {
 /// that directory is bound and declared a writable root.
 #[test]
 fn a_linked_worktree_commits_once_its_git_directory_is_granted() {
-    let test = "a_linked_worktree_commits_once_its_git_directory_is_granted";
-    if std::process::Command::new("git")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIP {test}: git is not installed");
+    if !git_or_skip("a_linked_worktree_commits_once_its_git_directory_is_granted") {
         return;
     }
     let w = World::new(None);
-    let main = w.source("main");
-    git(&main, &["init", "-q", "-b", "main"]);
-    git(&main, &["add", "README"]);
-    git(&main, &["commit", "-qm", "first"]);
+    let main = repo(&w, "main");
     let wt = w.base.join("wt");
     git(
         &main,
