@@ -501,8 +501,25 @@ def classify(name, data, model):
     for cid, size in cands.items():
         if len(data) <= size and content(cid, size)[:len(data)] == data:
             return True, "complete" if len(data) == size else "prefix"
-    return False, "%s: %d bytes that are not a prefix of any of its %d journaled contents %s" % (
-        name, len(data), len(cands), sorted(cands)[:4])
+    return False, "%s: %d bytes that are not a prefix of any of its %d journaled contents %s (%s)" % (
+        name, len(data), len(cands), sorted(cands)[:4], explain(data, cands))
+
+
+def explain(data, cands):
+    """Where `data` departs from each candidate content, and what its tail matches then."""
+    out = []
+    for cid, size in sorted(cands.items())[:4]:
+        want = content(cid, size)
+        n = 0
+        while n < min(len(data), len(want)) and data[n] == want[n]:
+            n += 1
+        tail = data[n:]
+        what = "zeros" if tail and not tail.strip(b"\0") else None
+        for other, osize in cands.items():
+            if what is None and other != cid and content(other, osize)[n:len(data)] == tail:
+                what = other
+        out.append("%s matches %d bytes, then %s" % (cid, n, what or "unknown bytes"))
+    return "; ".join(out)
 
 
 def snapshot(root):

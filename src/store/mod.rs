@@ -922,7 +922,7 @@ impl Store {
         let cfg = &self.config;
         let sized = set.size.is_some();
         let commits = |b: &batch::InodeBatch| sized || b.cut.is_some();
-        let mut a = self.with_claims(&[ino], commits, set.mtime.is_some(), |c, claims| {
+        let a = self.with_claims(&[ino], commits, set.mtime.is_some(), |c, claims| {
             for b in claims {
                 match set.size {
                     Some(size) => put(c, cfg, b, &pieces_below(b, size))?,
@@ -932,10 +932,18 @@ impl Store {
             }
             stat::setattr(c, cfg, ino, set, inode::now())
         })?;
-        if let Some(b) = &self.batch {
-            b.view(|v| merge_attr(&mut a, v.attr(ino)));
+        self.answer(ino, a)
+    }
+
+    /// The attributes an operation on `ino` answers, given those its transaction returned:
+    /// with batching on, read again the way every reader does (the database and the pending
+    /// map in one consistent view). Merging the pending map into `a` afterwards would miss
+    /// bytes committed in between and answer a stale size, which the kernel may keep.
+    fn answer(&self, ino: Ino, a: Attr) -> Result<Attr, Errno> {
+        match &self.batch {
+            Some(_) => self.getattr(ino),
+            None => Ok(a),
         }
-        Ok(a)
     }
 
     /// [`Store::setattr`] of size 0 (and times) on a regular file with batching on: the
@@ -949,8 +957,7 @@ impl Store {
         if set.size != Some(0) || !only_size || self.writer.is_none() {
             return Ok(None);
         }
-        let mut a = self.stored_attr(ino)?;
-        if a.mode & libc::S_IFMT != libc::S_IFREG {
+        if self.stored_attr(ino)?.mode & libc::S_IFMT != libc::S_IFREG {
             return Ok(None);
         }
         self.failure.check()?;
@@ -958,8 +965,10 @@ impl Store {
         let mtime = stat::resolve_time(set.mtime.unwrap_or(TimeSet::Now), now)?;
         let ctime = set.ctime.unwrap_or(now);
         b.truncate_to_zero(ino, mtime, ctime);
-        b.view(|v| merge_attr(&mut a, v.attr(ino)));
-        Ok(Some(a))
+        // Read the answer after the cut is registered, the way every reader does: the
+        // committer (or an fsync) may commit the cut at once, and attributes read before it
+        // would then answer the old size, which the kernel keeps as the file's.
+        self.getattr(ino).map(Some)
     }
 
     /// A symlink's target; EINVAL if `ino` is not a symlink.
@@ -1069,11 +1078,7 @@ impl Store {
         );
         self.caches.entry_changed(newparent, newname);
         self.caches.inode_changed(ino);
-        let mut a = out?;
-        if let Some(b) = &self.batch {
-            b.view(|v| merge_attr(&mut a, v.attr(ino)));
-        }
-        Ok(a)
+        self.answer(ino, out?)
     }
 
     /// The inodes `names` (parent, name) resolve to now, for an operation on those names to

@@ -128,3 +128,37 @@ fn a_truncate_to_zero_commits_with_the_bytes_written_after_it() {
     assert_eq!(db.getattr(f).unwrap().mtime, t);
     db.assert_clean();
 }
+
+/// The attributes a truncate to zero answers say size 0 even when the cut is committed
+/// (here by a concurrent fsync) before they are read: the kernel takes that size as the
+/// file's, and with the writeback cache a stale size keeps stale pages that it later writes
+/// back over the new contents.
+#[test]
+fn a_truncate_to_zero_answers_size_zero_while_the_cut_commits_concurrently() {
+    let db = std::sync::Arc::new(fresh_cfg(65536, 4096, Some(batching(0))));
+    let f = committed_file(&db, "f", &pattern(70_000, 6));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let syncer = {
+        let (db, stop) = (db.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                db.fsync(f).unwrap();
+            }
+        })
+    };
+    let zero = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    let mut wrong = 0;
+    for _ in 0..1000 {
+        db.write(f, 0, &pattern(70_000, 7)).unwrap();
+        db.fsync(f).unwrap();
+        if db.setattr(f, &zero).unwrap().size != 0 {
+            wrong += 1;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    syncer.join().unwrap();
+    assert_eq!(wrong, 0, "truncates to zero that answered the old size");
+}
