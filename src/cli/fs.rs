@@ -141,11 +141,12 @@ pub fn run(a: Args) -> super::CliResult {
             let (parent, name) = split_parent(path)?;
             let p = store.resolve(parent.as_bytes()).map_err(err(parent))?;
             let target = store.lookup(p, name.as_bytes()).map_err(err(path))?;
-            // Checked after the open: a server that starts later reaps orphans at its start.
-            let live: &dyn Liveness = if crate::sys::lock::holder_pid(&a.db).is_some() {
-                &ServerReaps
-            } else {
-                &NoReferences
+            // Decided by taking the server lock, held until the removal is durable: with no
+            // server, none can start meanwhile (one that starts later reaps orphans at start).
+            let offline = crate::sys::lock::offline(&a.db).map_err(|e| e.to_string())?;
+            let live: &dyn Liveness = match offline {
+                crate::sys::lock::Offline::Served => &ServerReaps,
+                crate::sys::lock::Offline::Alone(_) => &NoReferences,
             };
             if target.mode & libc::S_IFMT == libc::S_IFDIR {
                 store.rmdir(p, name.as_bytes(), live).map_err(err(path))?;

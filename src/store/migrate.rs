@@ -543,8 +543,12 @@ pub fn migrate_copy(
                 return Err(format!("{tp} is the source itself"));
             }
         }
-        if let Some(pid) = crate::sys::lock::holder_pid(target) {
-            return Err(format!("{tp} is mounted by agentfs server pid {pid}"));
+        if let crate::sys::lock::Offline::Served =
+            crate::sys::lock::offline(target).map_err(|e| e.to_string())?
+        {
+            let by = crate::sys::lock::holder_pid(target)
+                .map_or_else(String::new, |pid| format!(" server pid {pid}"));
+            return Err(format!("{tp} is mounted by agentfs{by}"));
         }
     }
     // 1. A private snapshot of the source, migrated in place.
