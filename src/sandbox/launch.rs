@@ -108,7 +108,7 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
     drop(inside);
     let result = supervise(req, knobs, &sup, outer, &mut rec);
     ns::unblock_signals(&ns::FORWARDED);
-    record::remove_live(&req.project_dir);
+    record::remove_live(&req.project_dir, supervisor);
     rec.ended = Some(record::now());
     match &result {
         Ok(code) => rec.exit_status = Some(*code),
