@@ -140,6 +140,47 @@ fn a_run_of_a_busy_project_is_refused_and_the_live_one_stays_joinable() {
     assert!(!marker.exists(), "teardown removes the marker");
 }
 
+/// `status` gives each project's position: its HEAD snapshot (or none) and how many paths the
+/// delta changes that are not applied yet.
+#[test]
+fn status_shows_where_a_project_stands() {
+    let w = World::new(None);
+    let src = w.source("pos");
+    let position = |w: &World| {
+        let out = w.af(&["status", "pos", "--json"]);
+        assert!(out.status.success(), "{}", err(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["projects"][0]["position"].clone()
+    };
+    let text = |w: &World| String::from_utf8_lossy(&w.af(&["status", "pos"]).stdout).into_owned();
+    launched(&w.af(&["quick", src.to_str().unwrap(), "--", "true"]));
+    let p = position(&w);
+    assert!(p["head"].is_null(), "{p}");
+    assert_eq!(p["unapplied_changes"], 0, "{p}");
+    assert!(text(&w).contains("no snapshots, nothing to apply"), "{}", text(&w));
+    let script = "echo new > a.txt && echo more >> README";
+    launched(&w.af(&["run", "pos", "--", "sh", "-c", script]));
+    assert_eq!(position(&w)["unapplied_changes"], 2);
+    assert!(text(&w).contains("no snapshots, 2 unapplied"), "{}", text(&w));
+    launched(&w.af(&["snap", "pos", "first"]));
+    let p = position(&w);
+    let hash = p["head"]["hash"].as_str().unwrap().to_string();
+    assert_eq!(hash.len(), 64, "{p}");
+    assert_eq!(p["head"]["tags"], serde_json::json!(["first"]), "{p}");
+    assert!(
+        text(&w).contains(&format!("{} (first), 2 unapplied", &hash[..12])),
+        "{}",
+        text(&w)
+    );
+    // An untagged snapshot moves HEAD; the count follows the delta, not the history.
+    launched(&w.af(&["run", "pos", "--", "rm", "a.txt"]));
+    launched(&w.af(&["snap", "pos"]));
+    let p = position(&w);
+    assert_ne!(p["head"]["hash"].as_str().unwrap(), hash);
+    assert_eq!(p["head"]["tags"], serde_json::json!([]), "{p}");
+    assert_eq!(p["unapplied_changes"], 1, "{p}");
+}
+
 #[test]
 fn a_name_or_a_database_path() {
     let w = World::new(None);

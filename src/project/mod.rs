@@ -59,6 +59,8 @@ pub const DELTA: &str = "delta.db";
 pub const LIVE: &str = "live.json";
 pub const RUNS: &str = "runs";
 pub const DEFAULTS: &str = "defaults.toml";
+/// The project's snapshot history (a store directory, docs/history.md).
+pub const HISTORY: &str = "store";
 
 /// Endings that make an argument a database path, never a project name.
 const DB_ENDINGS: [&str; 3] = [".db", ".sqlite", ".sqlite3"];
