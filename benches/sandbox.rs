@@ -144,10 +144,20 @@ fn main() {
     if Command::new("bwrap").arg("--version").output().is_ok() {
         let d = time(n, || {
             let mut c = Command::new("bwrap");
-            c.args(["--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"]);
+            c.args([
+                "--unshare-all",
+                "--die-with-parent",
+                "--ro-bind",
+                "/",
+                "/",
+                "true",
+            ]);
             c
         });
-        bwrap_median = row("bwrap --unshare-all --die-with-parent --ro-bind / / true", d);
+        bwrap_median = row(
+            "bwrap --unshare-all --die-with-parent --ro-bind / / true",
+            d,
+        );
         row(
             "bwrap, a view like ours (ro system dirs and /sys, proc, dev, tmpfs /tmp) true",
             time(n, || {
@@ -238,7 +248,9 @@ fn rss_kib(pid: i32) -> u64 {
 /// finish. Then, all of them idle and live, the resident set of each (server + pid 1).
 fn many(base: &Path) {
     println!("\n{MANY} sandboxes of {MANY} projects at once, each writing and reading 200 files:");
-    let roots: Vec<PathBuf> = (0..MANY).map(|i| base.join(format!("many-{i:02}"))).collect();
+    let roots: Vec<PathBuf> = (0..MANY)
+        .map(|i| base.join(format!("many-{i:02}")))
+        .collect();
     if !roots.iter().all(|r| make_project(r)) {
         println!("failed: cannot create the projects");
         return;
@@ -309,7 +321,10 @@ fn many(base: &Path) {
     if failed.is_empty() && finished == MANY {
         println!("all {MANY} sandboxes finished");
     } else {
-        println!("FAILED: {} sandbox(es) did not finish", MANY - finished.min(MANY));
+        println!(
+            "FAILED: {} sandbox(es) did not finish",
+            MANY - finished.min(MANY)
+        );
         for f in failed {
             println!("  {f}");
         }

@@ -157,11 +157,19 @@ fn status_shows_where_a_project_stands() {
     let p = position(&w);
     assert!(p["head"].is_null(), "{p}");
     assert_eq!(p["unapplied_changes"], 0, "{p}");
-    assert!(text(&w).contains("no snapshots, nothing to apply"), "{}", text(&w));
+    assert!(
+        text(&w).contains("no snapshots, nothing to apply"),
+        "{}",
+        text(&w)
+    );
     let script = "echo new > a.txt && echo more >> README";
     launched(&w.af(&["run", "pos", "--", "sh", "-c", script]));
     assert_eq!(position(&w)["unapplied_changes"], 2);
-    assert!(text(&w).contains("no snapshots, 2 unapplied"), "{}", text(&w));
+    assert!(
+        text(&w).contains("no snapshots, 2 unapplied"),
+        "{}",
+        text(&w)
+    );
     launched(&w.af(&["snap", "pos", "first"]));
     let p = position(&w);
     let hash = p["head"]["hash"].as_str().unwrap().to_string();

@@ -171,7 +171,11 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
         for suffix in ["", "-wal", "-shm"] {
             let _ = fs::remove_file(format!("{}{suffix}", db.display()));
         }
-        run(Command::new(bin).arg("init").arg(&db).arg("--base").arg(&src))
+        run(Command::new(bin)
+            .arg("init")
+            .arg(&db)
+            .arg("--base")
+            .arg(&src))
     };
     let size = if plan.quick { "quick" } else { "full" };
     let tree_s = host.join("tree").to_string_lossy().into_owned();
@@ -195,8 +199,16 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
                     let host_s = host.to_string_lossy().into_owned();
                     let runner_s = runner.to_string_lossy().into_owned();
                     let c = af(&[
-                        "exec", PROJECT, "--ro-bind", &host_s, "--", &runner_s, RUNNER_ARG,
-                        &src_s, &tree_s, size,
+                        "exec",
+                        PROJECT,
+                        "--ro-bind",
+                        &host_s,
+                        "--",
+                        &runner_s,
+                        RUNNER_ARG,
+                        &src_s,
+                        &tree_s,
+                        size,
                     ]);
                     let live = projects.join(PROJECT);
                     drive(c, &|| {

@@ -129,7 +129,11 @@ fn position_text(pos: &Value) -> String {
         Value::Null => "no snapshots".to_string(),
         h => match (h["hash"].as_str(), h["tags"].as_array()) {
             (Some(hash), tags) => {
-                let tags: Vec<&str> = tags.into_iter().flatten().filter_map(Value::as_str).collect();
+                let tags: Vec<&str> = tags
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
                 let short = hash.get(..12).unwrap_or(hash);
                 if tags.is_empty() {
                     short.to_string()

@@ -107,7 +107,8 @@ mod tests {
         std::fs::write(d.path().join("user/max_user_namespaces"), max_userns).expect("write");
         if let Some(v) = apparmor {
             std::fs::write(
-                d.path().join("kernel/apparmor_restrict_unprivileged_userns"),
+                d.path()
+                    .join("kernel/apparmor_restrict_unprivileged_userns"),
                 v,
             )
             .expect("write");
