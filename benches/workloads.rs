@@ -37,6 +37,10 @@
 //! Results: a markdown table on stdout, and JSON in `target/bench-results/workloads-<unix>.json`
 //! plus `target/bench-results/latest.json`.
 //!
+//! The sandbox form (module `sandbox`) follows: the same workloads inside `agentfs exec` of a
+//! project beside a plain `agentfs mount` of its delta. `cargo bench --bench workloads --
+//! sandbox` runs only that part.
+//!
 //! Cleanup: every mount is held by a guard whose Drop unmounts it (and, for AgentFS, ends the
 //! server by pid), so a panic or an early return leaves no /proc/mounts entries behind.
 
@@ -51,6 +55,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[path = "workloads/overlay.rs"]
 mod overlay;
+#[path = "workloads/sandbox.rs"]
+mod sandbox;
 
 const MIB: usize = 1 << 20;
 const EXT4_SUPER_MAGIC: i64 = 0xEF53;
@@ -349,6 +355,11 @@ enum Backend {
         _mount: TmpfsMount,
         dir: PathBuf,
     },
+    /// A directory this process works in for the bench that started it (module `sandbox`),
+    /// which makes the caches cold when asked.
+    Runner {
+        dir: PathBuf,
+    },
 }
 
 struct Target {
@@ -361,7 +372,9 @@ impl Target {
     fn root(&self) -> PathBuf {
         match &self.backend {
             Backend::AgentFs { dir, .. } => dir.join("mnt").join("w"),
-            Backend::Ext4 { dir } | Backend::Tmpfs { dir, .. } => dir.join("w"),
+            Backend::Ext4 { dir } | Backend::Tmpfs { dir, .. } | Backend::Runner { dir } => {
+                dir.join("w")
+            }
         }
     }
 
@@ -392,6 +405,10 @@ impl Target {
 
     /// Make every cache cold before a read workload.
     fn cold(&mut self) -> Result<(), String> {
+        if let Backend::Runner { .. } = self.backend {
+            sandbox::ask("C");
+            return Ok(());
+        }
         drop_caches();
         if let Backend::AgentFs { mount: Some(m), .. } = &mut self.backend {
             m.remount()?;
@@ -1038,20 +1055,27 @@ fn agentfs_binary(root: &Path) -> Result<PathBuf, String> {
 }
 
 /// Mount points the bench makes inside its scratch directory.
-const SCRATCH_MOUNTS: [&str; 6] = [
+const SCRATCH_MOUNTS: [&str; 7] = [
     "agentfs/mnt",
     "tmpfs",
     "ov-0/mnt",
     "ov-1/mnt",
     "ov-2/mnt",
     "ov-3/mnt",
+    "sandbox/mnt",
 ];
 
 fn main() {
-    // `cargo bench` passes `--bench`; a filter argument is not supported (all or nothing).
-    if std::env::args().any(|a| a == "--list") {
+    // `cargo bench` passes `--bench`; the one filter is `sandbox` (only the sandbox beside a
+    // plain mount of its project).
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--list") {
         return;
     }
+    if args.get(1).map(String::as_str) == Some(sandbox::RUNNER_ARG) {
+        sandbox::runner(&args[2..]);
+    }
+    let only_sandbox = args.iter().skip(1).any(|a| a == "sandbox");
     let plan = Plan::new(agentfs::knobs::get().bench_quick);
     let started = Instant::now();
     // SAFETY: geteuid has no preconditions.
@@ -1082,6 +1106,17 @@ fn main() {
         tree.files,
         tree.bytes as f64 / MIB as f64
     );
+    if only_sandbox {
+        let table = agentfs_binary(&manifest)
+            .and_then(|bin| sandbox::run_sandbox(&bin, &work, &plan, &tree))
+            .unwrap_or_else(|e| format!("failed: {e}\n"));
+        println!(
+            "\nAgentFS workloads{}, a sandbox beside a plain mount of its project — {}\n\n{table}",
+            if plan.quick { " (quick)" } else { "" },
+            machine()
+        );
+        return;
+    }
 
     let mut cols: Vec<Column> = ["agentfs", "ext4", "tmpfs"]
         .into_iter()
@@ -1164,6 +1199,12 @@ fn main() {
         ),
     };
 
+    let sb_table = match bin.as_deref() {
+        Some(b) => sandbox::run_sandbox(b, &work, &plan, &tree)
+            .unwrap_or_else(|e| format!("failed: {e}\n")),
+        None => "missing: no agentfs binary\n".into(),
+    };
+
     let secs = started.elapsed().as_secs_f64();
     let unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -1173,7 +1214,7 @@ fn main() {
     let tab = table(&cols, &plan, &tree);
     println!(
         "\nAgentFS workloads{} — {m}, {secs:.0} s\n\n{tab}\nOverlay form (one lower tree, \
-         copy-on-write on top):\n\n{ov_table}",
+         copy-on-write on top):\n\n{ov_table}\nA sandbox beside a plain mount of its project:\n\n{sb_table}",
         if plan.quick { " (quick)" } else { "" }
     );
     let j = json(&cols, &plan, &tree, unix, &m, secs, &ov_json);

@@ -70,6 +70,125 @@ fn quick_as_an_ordinary_user() {
     assert_eq!(md.uid(), USER);
 }
 
+/// Two `quick`s of a new directory started at the same moment, several times over: one project
+/// per directory, and each command either ran or was refused because the project was busy.
+#[test]
+fn two_quicks_at_once_make_one_project() {
+    let w = World::new(None);
+    for round in 0..4 {
+        let dir = w.source(&format!("race/dir{round}"));
+        let dir_s = dir.to_str().unwrap();
+        let both: Vec<_> = (0..2)
+            .map(|_| {
+                w.command(&common::bin(), &["quick", dir_s, "--", "true"])
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut ran = 0;
+        for child in both {
+            let o = child.wait_with_output().unwrap();
+            if o.status.success() {
+                ran += 1;
+            } else {
+                // The refused one may have made the project (and said so) before the other
+                // launched first.
+                assert_eq!(o.status.code(), Some(125), "{}", err(&o));
+                assert!(
+                    err(&o).contains("agentfs: db_busy: the project is busy"),
+                    "{}",
+                    err(&o)
+                );
+            }
+        }
+        assert!(ran >= 1, "round {round}: neither command ran");
+        let mine: Vec<_> = listed(&w).into_iter().filter(|(_, s)| s == dir_s).collect();
+        assert_eq!(mine.len(), 1, "round {round}: {mine:?}");
+    }
+}
+
+/// A `run` of a project whose sandbox is live is refused as busy, and leaves the live sandbox's
+/// marker: `exec` still joins it.
+#[test]
+fn a_run_of_a_busy_project_is_refused_and_the_live_one_stays_joinable() {
+    let w = World::new(None);
+    let src = w.source("busy");
+    // In the home: the sandbox shows it (read-only), not the rest of the world's tree.
+    let stop = w.home.join("stop");
+    let wait = format!("while [ ! -e {} ]; do sleep 0.05; done", stop.display());
+    launched(&w.af(&["quick", src.to_str().unwrap(), "--", "true"]));
+    let mut live = w
+        .command(&common::bin(), &["run", "busy", "--", "sh", "-c", &wait])
+        .spawn()
+        .unwrap();
+    let marker = w.root().join("busy/live.json");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !marker.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(marker.exists(), "the sandbox never became live");
+    let out = w.af(&["run", "busy", "--", "true"]);
+    refused(&out, 125, "db_busy");
+    assert!(err(&out).contains("busy"), "{}", err(&out));
+    assert!(marker.exists(), "the refused run removed the live marker");
+    // `exec` joins the live sandbox (a sandbox of its own would be refused as busy).
+    launched(&w.af(&["exec", "busy", "--", "true"]));
+    fs::write(&stop, b"").unwrap();
+    assert!(live.wait().unwrap().success());
+    assert!(!marker.exists(), "teardown removes the marker");
+}
+
+/// `status` gives each project's position: its HEAD snapshot (or none) and how many paths the
+/// delta changes that are not applied yet.
+#[test]
+fn status_shows_where_a_project_stands() {
+    let w = World::new(None);
+    let src = w.source("pos");
+    let position = |w: &World| {
+        let out = w.af(&["status", "pos", "--json"]);
+        assert!(out.status.success(), "{}", err(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["projects"][0]["position"].clone()
+    };
+    let text = |w: &World| String::from_utf8_lossy(&w.af(&["status", "pos"]).stdout).into_owned();
+    launched(&w.af(&["quick", src.to_str().unwrap(), "--", "true"]));
+    let p = position(&w);
+    assert!(p["head"].is_null(), "{p}");
+    assert_eq!(p["unapplied_changes"], 0, "{p}");
+    assert!(
+        text(&w).contains("no snapshots, nothing to apply"),
+        "{}",
+        text(&w)
+    );
+    let script = "echo new > a.txt && echo more >> README";
+    launched(&w.af(&["run", "pos", "--", "sh", "-c", script]));
+    assert_eq!(position(&w)["unapplied_changes"], 2);
+    assert!(
+        text(&w).contains("no snapshots, 2 unapplied"),
+        "{}",
+        text(&w)
+    );
+    launched(&w.af(&["snap", "pos", "first"]));
+    let p = position(&w);
+    let hash = p["head"]["hash"].as_str().unwrap().to_string();
+    assert_eq!(hash.len(), 64, "{p}");
+    assert_eq!(p["head"]["tags"], serde_json::json!(["first"]), "{p}");
+    assert!(
+        text(&w).contains(&format!("{} (first), 2 unapplied", &hash[..12])),
+        "{}",
+        text(&w)
+    );
+    // An untagged snapshot moves HEAD; the count follows the delta, not the history.
+    launched(&w.af(&["run", "pos", "--", "rm", "a.txt"]));
+    launched(&w.af(&["snap", "pos"]));
+    let p = position(&w);
+    assert_ne!(p["head"]["hash"].as_str().unwrap(), hash);
+    assert_eq!(p["head"]["tags"], serde_json::json!([]), "{p}");
+    assert_eq!(p["unapplied_changes"], 1, "{p}");
+}
+
 #[test]
 fn a_name_or_a_database_path() {
     let w = World::new(None);

@@ -6,9 +6,9 @@ mod common;
 use std::fs;
 use std::io::Write as _;
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
-use common::world::{err, user_can_run, World, USER};
+use common::world::{err, launched, user_can_run, World, USER};
 
 /// The launch itself did not fail (whatever the command's status).
 fn started(o: &Output) {
@@ -156,6 +156,94 @@ fn the_shell_prompt_is_prefixed() {
         err(&o)
     );
     assert_eq!(o.status.code(), Some(7));
+}
+
+/// Drives `agentfs run` on a pseudo-terminal: argv[1:] is the command, the environment passes
+/// through. Each step writes input and waits for a marker in the output (markers are printed
+/// by `echo A""B` so the echoed input never matches). Prints the shell's exit status.
+const PTY_DRIVER: &str = r#"
+import os, pty, select, signal, struct, sys, termios, fcntl, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+seen = b""
+def expect(marker, timeout=20):
+    global seen
+    end = time.time() + timeout
+    while marker.encode() not in seen:
+        left = end - time.time()
+        if left <= 0:
+            sys.exit("timed out waiting for %r; output so far:\n%s" % (marker, seen.decode(errors="replace")))
+        r, _, _ = select.select([fd], [], [], left)
+        if r:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                sys.exit("the terminal closed waiting for %r; output:\n%s" % (marker, seen.decode(errors="replace")))
+            seen += chunk
+    seen = seen[seen.index(marker.encode()) + len(marker):]
+def say(line):
+    os.write(fd, line.encode())
+say("trap 'echo WIN''CH-GOT' WINCH; echo RE""ADY\n")
+expect("READY")
+# Job control: a background job is listed and killed by its job number.
+say("sleep 100 & echo JOB""S-START; jobs; echo JOB""S-END\n")
+expect("JOBS-START"); expect("Running"); expect("JOBS-END")
+say("kill %1; wait; jobs; echo KIL""LED\n")
+expect("KILLED")
+say("jobs; echo NO""JOBS-$(jobs | wc -l)\n")
+expect("NOJOBS-0")
+# The window size reaches the shell: SIGWINCH on a resize, and the new size.
+fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 111, 0, 0))
+expect("WINCH-GOT")
+say("echo SI""ZE-$(stty size)\n")
+expect("SIZE-33 111")
+# Ctrl-C interrupts a foreground command and the shell survives.
+# (bash drops the rest of a line whose command died of SIGINT: the status is asked after.)
+say("sleep 100\n")
+time.sleep(1)
+os.write(fd, b"\x03")
+say("echo AFTER-\"$?\"\n")
+expect("AFTER-130")
+say("echo ALI""VE\n")
+expect("ALIVE")
+say("exit 7\n")
+while True:
+    try:
+        if not os.read(fd, 4096):
+            break
+    except OSError:
+        break
+_, status = os.waitpid(pid, 0)
+print("STATUS", os.waitstatus_to_exitcode(status))
+"#;
+
+fn terminal(w: &World) {
+    let src = w.source("tty");
+    launched(&w.af(&["quick", src.to_str().unwrap(), "--", "true"]));
+    let bin = common::bin();
+    let o = w
+        .command(
+            Path::new("python3"),
+            &["-c", PTY_DRIVER, bin.to_str().unwrap(), "run", "tty"],
+        )
+        .env("SHELL", "/bin/bash")
+        .env("TERM", "xterm")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}{}", stdout(&o), err(&o));
+    assert!(stdout(&o).contains("STATUS 7"), "{}{}", stdout(&o), err(&o));
+}
+
+#[test]
+fn the_shell_gets_the_terminal_with_job_control_signals_and_its_status() {
+    if Command::new("python3").arg("-V").output().is_err() {
+        eprintln!("SKIP: python3 is not installed");
+        return;
+    }
+    terminal(&World::new(None));
 }
 
 #[test]

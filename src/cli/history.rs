@@ -77,7 +77,7 @@ fn ignore_of(p: &Project) -> Result<Ignore, String> {
 }
 
 fn open(dir: &Path) -> Result<History, String> {
-    History::open(&dir.join("store"))
+    History::open(&dir.join(crate::project::HISTORY))
 }
 
 fn short(h: &[u8; 32]) -> String {

@@ -150,6 +150,9 @@ fn quick_project(
                 format!("{} is not a directory", dir.display()),
             )
         })?;
+    // Two `quick`s of a new directory at once: the second waits here and then finds the
+    // project the first made.
+    let _lock = project::lock_root(&root)?;
     if name.is_none() {
         if let Some(p) = Project::find_by_source(&root, &source) {
             return Ok((p, false));

@@ -52,8 +52,8 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
     Ok(0)
 }
 
-/// One project as JSON: name, source, delta size, the live sandbox (its pids, each checked
-/// alive), the last run record; a project whose config cannot be read gives its error.
+/// One project as JSON: name, source, position, delta size, the live sandbox (its pids, each
+/// checked alive), the last run record; a project whose config cannot be read gives its error.
 fn project_json(name: &str, p: Result<Project, project::Error>) -> Value {
     let p = match p {
         Ok(p) => p,
@@ -76,6 +76,7 @@ fn project_json(name: &str, p: Result<Project, project::Error>) -> Value {
         "name": p.name,
         "dir": p.dir,
         "source": p.source(),
+        "position": position(&p),
         "backend": p.config.project.backend,
         "delta_bytes": p.delta_bytes(),
         "live": live.is_some(),
@@ -85,16 +86,84 @@ fn project_json(name: &str, p: Result<Project, project::Error>) -> Value {
     })
 }
 
+/// Where the project stands: its HEAD snapshot (short hash and tags; null without snapshots)
+/// and how many paths of the delta differ from the real directory, not yet applied (null with
+/// the reason when the delta cannot be read).
+fn position(p: &Project) -> Value {
+    let store = p.dir.join(project::HISTORY);
+    let head = if store.is_dir() {
+        crate::history::History::open(&store)
+            .and_then(|mut h| h.log())
+            .map(|log| log.into_iter().next())
+    } else {
+        Ok(None)
+    };
+    let head = match head {
+        Ok(Some(i)) => json!({
+            "hash": crate::history::object::hex(&i.hash),
+            "tags": i.tags,
+        }),
+        Ok(None) => Value::Null,
+        Err(e) => json!({ "error": e }),
+    };
+    let changes = match p.source() {
+        None => Ok(0),
+        Some(_) => crate::delta::Overlay::open(&p.db())
+            .and_then(|o| o.changes())
+            .map(|c| {
+                let mut paths: Vec<&[u8]> = c.iter().map(|e| e.path.as_slice()).collect();
+                paths.dedup();
+                paths.len()
+            }),
+    };
+    match changes {
+        Ok(n) => json!({ "head": head, "unapplied_changes": n }),
+        Err(e) => json!({ "head": head, "unapplied_changes": null, "error": e }),
+    }
+}
+
+/// The position column: HEAD (12 hex digits and its tags) or "no snapshots", then the count
+/// of unapplied changes.
+fn position_text(pos: &Value) -> String {
+    let head = match &pos["head"] {
+        Value::Null => "no snapshots".to_string(),
+        h => match (h["hash"].as_str(), h["tags"].as_array()) {
+            (Some(hash), tags) => {
+                let tags: Vec<&str> = tags
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                let short = hash.get(..12).unwrap_or(hash);
+                if tags.is_empty() {
+                    short.to_string()
+                } else {
+                    format!("{short} ({})", tags.join(","))
+                }
+            }
+            _ => "history unreadable".to_string(),
+        },
+    };
+    match pos["unapplied_changes"].as_u64() {
+        Some(0) => format!("{head}, nothing to apply"),
+        Some(n) => format!("{head}, {n} unapplied"),
+        None => format!("{head}, delta unreadable"),
+    }
+}
+
 fn print_projects(projects: &[Value]) {
     if projects.is_empty() {
         return;
     }
     println!();
-    println!("{:<20} {:>10} {:<24} SOURCE", "PROJECT", "DELTA", "SANDBOX");
+    println!(
+        "{:<20} {:>10} {:<24} {:<36} SOURCE",
+        "PROJECT", "DELTA", "SANDBOX", "POSITION"
+    );
     for p in projects {
         let name = p["name"].as_str().unwrap_or("?");
         if let Some(err) = p["error"].as_str() {
-            println!("{name:<20} {:>10} {:<24} {err}", "-", "-");
+            println!("{name:<20} {:>10} {:<24} {:<36} {err}", "-", "-", "-");
             continue;
         }
         let sandbox = if p["live"] == json!(true) {
@@ -111,8 +180,9 @@ fn print_projects(projects: &[Value]) {
         };
         let source = p["source"].as_str().unwrap_or("(none yet)");
         println!(
-            "{name:<20} {:>10} {sandbox:<24} {source}",
-            p["delta_bytes"].as_u64().unwrap_or(0)
+            "{name:<20} {:>10} {sandbox:<24} {:<36} {source}",
+            p["delta_bytes"].as_u64().unwrap_or(0),
+            position_text(&p["position"])
         );
     }
 }

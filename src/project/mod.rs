@@ -59,6 +59,8 @@ pub const DELTA: &str = "delta.db";
 pub const LIVE: &str = "live.json";
 pub const RUNS: &str = "runs";
 pub const DEFAULTS: &str = "defaults.toml";
+/// The project's snapshot history (a store directory, docs/history.md).
+pub const HISTORY: &str = "store";
 
 /// Endings that make an argument a database path, never a project name.
 const DB_ENDINGS: [&str; 3] = [".db", ".sqlite", ".sqlite3"];
@@ -192,6 +194,32 @@ pub fn delta_path(arg: &Path, force_project: bool, knobs: &Knobs) -> Result<Path
             Ok(p.db())
         }
     }
+}
+
+/// Held while a project is looked up and made, so that two commands making the project of one
+/// directory at the same moment end with one project; released on drop.
+pub struct RootLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// Wait for the projects root's lock (`<root>/.lock`, an flock), making the root when absent.
+pub fn lock_root(root: &Path) -> Result<RootLock, Error> {
+    let io = |p: &Path, e: std::io::Error| Error::new("io", format!("{}: {e}", p.display()));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(root)
+        .map_err(|e| io(root, e))?;
+    let path = root.join(".lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io(&path, e))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map(|lock| RootLock { _lock: lock })
+        .map_err(|(_, e)| io(&path, e.into()))
 }
 
 /// The user's defaults (`<root>/defaults.toml`; absent means none).

@@ -108,7 +108,7 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
     drop(inside);
     let result = supervise(req, knobs, &sup, outer, &mut rec);
     ns::unblock_signals(&ns::FORWARDED);
-    record::remove_live(&req.project_dir);
+    record::remove_live(&req.project_dir, supervisor);
     rec.ended = Some(record::now());
     match &result {
         Ok(code) => rec.exit_status = Some(*code),
@@ -177,7 +177,7 @@ fn supervise(
     let prepared = match server::prepare(&req.db, false, knobs) {
         Ok(p) => p,
         Err(e) => {
-            // Closing the socket tells the outer child to stop before it creates anything.
+            // Closing the socket tells pid 1 to stop before it mounts the project.
             let _ = nix::sys::socket::shutdown(
                 std::os::fd::AsRawFd::as_raw_fd(sup),
                 nix::sys::socket::Shutdown::Both,
@@ -313,11 +313,6 @@ fn outer_child(
     if !matches!(ns::die_with_parent(Some(supervisor)), Ok(true)) {
         return 1;
     }
-    // Wait for the supervisor to have the database open.
-    let mut go = [0u8; 1];
-    if !matches!((&*sock).read(&mut go), Ok(1)) || go[0] != b'G' {
-        return 1;
-    }
     let userns = |what: &str, e: std::io::Error| {
         send(sock, format!("Euserns_denied\t{what}: {e}").as_bytes());
         1
@@ -380,6 +375,13 @@ fn pid1(req: &SandboxRequest, plan: &[Op], ids: Ids, sock: &UnixStream) -> i32 {
     }
     let mut hand_over = |dst: &Path| -> std::io::Result<()> {
         use std::os::fd::AsRawFd;
+        // The supervisor opens the database while the namespaces and the view so far are
+        // built; nothing is mounted on it until it has (a database it cannot open closes the
+        // socket, and the launch ends here, before the command).
+        let mut go = [0u8; 1];
+        if !matches!((&*sock).read(&mut go), Ok(1)) || go[0] != b'G' {
+            return Err(std::io::Error::other("the server did not start"));
+        }
         // Root builds the view as itself and runs the command as another id: both use it.
         ns::mount_fuse(dst, fuse.as_raw_fd(), ids.uid, ids.gid, ids.root)?;
         ns::send_fd(sock, fuse.as_fd())?;

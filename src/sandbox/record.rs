@@ -155,6 +155,15 @@ pub fn write_live(project_dir: &Path, m: &LiveMarker) -> std::io::Result<()> {
     std::fs::rename(tmp, marker_path(project_dir))
 }
 
-pub fn remove_live(project_dir: &Path) {
-    let _ = std::fs::remove_file(marker_path(project_dir));
+/// Remove the live marker if `supervisor` wrote it: a launch refused because another sandbox
+/// of the project holds the delta leaves that sandbox's marker alone.
+pub fn remove_live(project_dir: &Path, supervisor: i32) {
+    let path = marker_path(project_dir);
+    let ours = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<LiveMarker>(&b).ok())
+        .is_some_and(|m| m.supervisor == supervisor);
+    if ours {
+        let _ = std::fs::remove_file(path);
+    }
 }
