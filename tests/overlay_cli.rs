@@ -585,7 +585,7 @@ fn patch_and_apply_produce_the_same_expected_tree() {
     let want = expected_tree(&base);
     let base_before = tree(&base);
 
-    let patch = agentfs(&["diff", s(&db), "--patch"]);
+    let patch = agentfs(&["diff", s(&db), "--patch", "--binary"]);
     assert!(patch.status.success(), "{patch:?}");
     let text = String::from_utf8_lossy(&patch.stdout);
     assert!(text.contains("GIT binary patch"), "{text}");

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
+use crate::delta::patch::Binary;
 use crate::delta::{Overlay, Side};
 
 #[derive(clap::Args, Debug)]
@@ -25,6 +26,10 @@ pub struct Args {
     /// Print a patch that `git apply` accepts in (a copy of) the base directory.
     #[arg(long, conflicts_with = "json")]
     pub patch: bool,
+    /// With --patch: binary files as `GIT binary patch` hunks (as `git diff --binary`) instead
+    /// of a "Binary files ... differ" line.
+    #[arg(long, requires = "patch")]
+    pub binary: bool,
     /// Print a JSON array of {path, change, kind, old_hash, new_hash, old_mode, new_mode}.
     #[arg(long)]
     pub json: bool,
@@ -47,7 +52,12 @@ pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
     let changes = overlay.changes()?;
     let mut out = Vec::new();
     if a.patch {
-        out = overlay.patch(&changes)?;
+        let binary = if a.binary {
+            Binary::Patch
+        } else {
+            Binary::Mention
+        };
+        out = overlay.patch(&changes, binary)?;
     } else if a.json {
         let list: Vec<_> = changes
             .iter()

@@ -8,6 +8,8 @@
 //! [`Beneath`], so no symlink in the base is ever followed.
 
 pub mod apply;
+mod gitdelta;
+mod hunks;
 pub mod patch;
 
 use crate::store::overlay::parent_path as parent;
