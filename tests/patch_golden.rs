@@ -31,6 +31,11 @@ fn numbered_with(n: usize, tag: &str, at: &[usize]) -> String {
         .collect()
 }
 
+/// Every line of `text` behind a tab (so none is a function line).
+fn indented(text: &str) -> String {
+    text.lines().map(|l| format!("\t{l}\n")).collect()
+}
+
 /// Deterministic pseudo-random bytes (with NULs, so git calls them binary).
 fn noise(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed
@@ -130,12 +135,16 @@ fn populate(base: &Path) {
     let long_fn = format!(
         "{}(void)   \n{{\n{}}}\n",
         "static unsigned long a_function_with_a_name_so_long_that_git_cuts_it_short_in_headers",
-        numbered(12, "body")
+        indented(&numbered(12, "body"))
     );
     w("func_long.c", long_fn.as_bytes());
     w(
         "func_repeat.c",
-        format!("int only(void)\n{{\n{}}}\n", numbered(40, "only")).as_bytes(),
+        format!(
+            "int only(void)\n{{\n{}}}\n",
+            indented(&numbered(40, "only"))
+        )
+        .as_bytes(),
     );
     let blocks: String = (0..4)
         .map(|k| format!("void f{k}(void)\n{{\n\tcommon();\n}}\n\n"))
@@ -271,14 +280,14 @@ fn change(root: &Path) {
     let long_fn = format!(
         "{}(void)   \n{{\n{}}}\n",
         "static unsigned long a_function_with_a_name_so_long_that_git_cuts_it_short_in_headers",
-        numbered_with(12, "body", &[9])
+        indented(&numbered_with(12, "body", &[9]))
     );
     w("func_long.c", long_fn.as_bytes());
     w(
         "func_repeat.c",
         format!(
             "int only(void)\n{{\n{}}}\n",
-            numbered_with(40, "only", &[12, 35])
+            indented(&numbered_with(40, "only", &[12, 35]))
         )
         .as_bytes(),
     );
@@ -354,8 +363,9 @@ fn assert_coverage(plain: &[u8], binary: &[u8]) {
     for needle in [
         &b"@@ int main(int argc, char **argv)\n"[..],
         b"@@ class Thing:\n",
+        b"@@ int only(void)\n",
         b"@@ impl Point {\n",
-        b"@@ static unsigned long a_function_with_a_name_so_long_that_git_cuts_it_short_in_h\n",
+        b"@@ static unsigned long a_function_with_a_name_so_long_that_git_cuts_it_short_in_he\n",
         b"Binary files a/bin_rewrite.bin and b/bin_rewrite.bin differ\n",
         b"Binary files /dev/null and b/bin_new.bin differ\n",
         b"\"b/latin1-\\351.txt\"",
