@@ -1,4 +1,4 @@
-//! `agentfs diff DB [--name-only | --patch | --json]`, and `agentfs diff NAME A B [--json]`:
+//! `agentfs diff DB [--name-only | --patch [--binary] | --json]`, and `agentfs diff NAME A B [--json]`:
 //! with three arguments the first is a project and the others two of its snapshots.
 
 use std::io::Write;
