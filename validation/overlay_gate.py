@@ -30,7 +30,7 @@ every group that nothing in it changed (`manifest.<group>`). Groups:
   drift.*        (own base copy) the base changes behind the mount: a read returns the old or
                  the new content whole, or EIO, never a mix; the gate restores the base;
   partial.*      (agentfs, own base copy, init --partial-origin on) partial-origin files;
-  roundtrip.*    (agentfs, own base copies) `agentfs diff --patch | git apply` on copy A and
+  roundtrip.*    (agentfs, own base copies) `agentfs diff --patch --binary | git apply` on copy A and
                  `agentfs apply` on copy B give the merged view seen through the mount.
 
 Output and exit status as the other gates (gatekit.py): PASS/FAIL/SKIP lines, a summary line,
@@ -923,7 +923,7 @@ def _(t):
     finally:
         m.unmount()
     # Bytes, not text: a file without NUL bytes is a text diff even if it is not UTF-8.
-    d = subprocess.run([LEG.bin, "diff", m.db, "--patch"], stdin=subprocess.DEVNULL,
+    d = subprocess.run([LEG.bin, "diff", m.db, "--patch", "--binary"], stdin=subprocess.DEVNULL,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     expect(d.returncode == 0, "agentfs diff --patch: exit %d: %s"
            % (d.returncode, d.stderr.decode(errors="replace").strip()[-300:]))

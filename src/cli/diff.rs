@@ -1,4 +1,4 @@
-//! `agentfs diff DB [--name-only | --patch | --json]`, and `agentfs diff NAME A B [--json]`:
+//! `agentfs diff DB [--name-only | --patch [--binary] | --json]`, and `agentfs diff NAME A B [--json]`:
 //! with three arguments the first is a project and the others two of its snapshots.
 
 use std::io::Write;
@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use crate::delta::{Overlay, Side};
+use crate::delta::patch::git_blob_id;
+use crate::delta::patch::Binary;
+use crate::delta::{Change, Entry, Kind, Overlay, Side};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -25,15 +27,125 @@ pub struct Args {
     /// Print a patch that `git apply` accepts in (a copy of) the base directory.
     #[arg(long, conflicts_with = "json")]
     pub patch: bool,
-    /// Print a JSON array of {path, change, kind, old_hash, new_hash, old_mode, new_mode}.
+    /// With --patch: binary files as `GIT binary patch` hunks (as `git diff --binary`) instead
+    /// of a "Binary files ... differ" line.
+    #[arg(long, requires = "patch")]
+    pub binary: bool,
+    /// Print a JSON array, one object per changed path (docs/harness.md has the shape).
     #[arg(long)]
     pub json: bool,
 }
 
-fn mode_str(s: Option<&Side>) -> serde_json::Value {
-    s.map_or(serde_json::Value::Null, |s| {
-        json!(format!("{:06o}", s.mode))
-    })
+/// Bytes as a JSON string: themselves when UTF-8, else each byte outside valid UTF-8 as
+/// `\xHH` (the exact bytes go along in hex, see [`change_json`]).
+fn text(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// The fields of one side, each prefixed `old_` or `new_` (all null for an absent side).
+fn side_json(
+    overlay: &Overlay,
+    path: &[u8],
+    prefix: &str,
+    side: Option<&Side>,
+    obj: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<(), String> {
+    let null = serde_json::Value::Null;
+    let content = match side {
+        Some(s) if matches!(s.kind, Kind::File | Kind::Symlink) => Some(overlay.content(path, s)?),
+        _ => None,
+    };
+    let c = content.as_deref();
+    let fields = [
+        ("type", side.map_or(null.clone(), |s| json!(s.kind.name()))),
+        (
+            "mode",
+            side.map_or(null.clone(), |s| json!(format!("{:06o}", s.mode))),
+        ),
+        ("size", c.map_or(null.clone(), |c| json!(c.len()))),
+        (
+            "target",
+            match (side, c) {
+                (Some(s), Some(c)) if s.kind == Kind::Symlink => json!(text(c)),
+                _ => null.clone(),
+            },
+        ),
+        ("hash", side.map_or(null.clone(), |s| json!(s.hash))),
+        ("oid", c.map_or(null.clone(), |c| json!(git_blob_id(c)))),
+        (
+            "blake3",
+            c.map_or(null.clone(), |c| json!(blake3::hash(c).to_hex().as_str())),
+        ),
+    ];
+    for (k, v) in fields {
+        obj.insert(format!("{prefix}_{k}"), v);
+    }
+    Ok(())
+}
+
+/// One path's object: a deletion followed by an addition at the same path is one
+/// `type-changed` change.
+fn change_json(
+    overlay: &Overlay,
+    path: &[u8],
+    change: &str,
+    kind: Kind,
+    old: Option<&Side>,
+    new: Option<&Side>,
+) -> Result<serde_json::Value, String> {
+    let mut obj = serde_json::Map::new();
+    obj.insert("path".into(), json!(text(path)));
+    let hex = std::str::from_utf8(path)
+        .is_err()
+        .then(|| crate::delta::hex(path));
+    obj.insert("path_hex".into(), json!(hex));
+    obj.insert("change".into(), json!(change));
+    obj.insert("kind".into(), json!(kind.name()));
+    side_json(overlay, path, "old", old, &mut obj)?;
+    side_json(overlay, path, "new", new, &mut obj)?;
+    Ok(serde_json::Value::Object(obj))
+}
+
+/// The JSON list of `changes` (sorted by path).
+fn changes_json(overlay: &Overlay, changes: &[Entry]) -> Result<Vec<serde_json::Value>, String> {
+    let mut list = Vec::new();
+    let mut i = 0;
+    while i < changes.len() {
+        let e = &changes[i];
+        let replaced = changes.get(i + 1).filter(|n| {
+            n.path == e.path && e.change == Change::Deleted && n.change == Change::Added
+        });
+        list.push(match replaced {
+            Some(n) => {
+                i += 1;
+                change_json(
+                    overlay,
+                    &e.path,
+                    "type-changed",
+                    n.kind(),
+                    e.old.as_ref(),
+                    n.new.as_ref(),
+                )?
+            }
+            None => change_json(
+                overlay,
+                &e.path,
+                e.change.name(),
+                e.kind(),
+                e.old.as_ref(),
+                e.new.as_ref(),
+            )?,
+        });
+        i += 1;
+    }
+    Ok(list)
 }
 
 pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
@@ -47,22 +159,14 @@ pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
     let changes = overlay.changes()?;
     let mut out = Vec::new();
     if a.patch {
-        out = overlay.patch(&changes)?;
+        let binary = if a.binary {
+            Binary::Patch
+        } else {
+            Binary::Mention
+        };
+        out = overlay.patch(&changes, binary)?;
     } else if a.json {
-        let list: Vec<_> = changes
-            .iter()
-            .map(|e| {
-                json!({
-                    "path": String::from_utf8_lossy(&e.path),
-                    "change": e.change.name(),
-                    "kind": e.kind().name(),
-                    "old_hash": e.old.as_ref().map(|s| s.hash.clone()),
-                    "new_hash": e.new.as_ref().map(|s| s.hash.clone()),
-                    "old_mode": mode_str(e.old.as_ref()),
-                    "new_mode": mode_str(e.new.as_ref()),
-                })
-            })
-            .collect();
+        let list = changes_json(&overlay, &changes)?;
         out = serde_json::to_vec_pretty(&list).map_err(|e| e.to_string())?;
         out.push(b'\n');
     } else {

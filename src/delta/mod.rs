@@ -8,6 +8,8 @@
 //! [`Beneath`], so no symlink in the base is ever followed.
 
 pub mod apply;
+mod gitdelta;
+mod hunks;
 pub mod patch;
 
 use crate::store::overlay::parent_path as parent;
@@ -16,7 +18,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::store::overlay::{join, DeltaEntry, Snapshot};
+use crate::store::overlay::{join, DeltaEntry, PinnedRead, Snapshot};
 use crate::store::{Ino, Store};
 use crate::sys::beneath::{is_escape, Beneath, Stat};
 
@@ -152,10 +154,10 @@ fn valid_path(path: &[u8]) -> bool {
     path.len() > 1 && path[0] == b'/' && path[1..].split(|b| *b == b'/').all(valid_name)
 }
 
-/// An overlay delta opened for diff and apply: the database (read only), its snapshot and the
-/// base directory.
+/// An overlay delta opened for diff and apply: one read transaction on the database (so every
+/// read sees the same cut, even while a mount writes), its snapshot and the base directory.
 pub struct Overlay {
-    store: Store,
+    reader: PinnedRead,
     pub snap: Snapshot,
     base: Beneath,
 }
@@ -164,10 +166,11 @@ impl Overlay {
     /// Open the delta database `db` read-only and its base directory.
     pub fn open(db: &Path) -> Result<Overlay, String> {
         let store = Store::open(db, true).map_err(|e| e.to_string())?;
-        let snap = store.overlay_snapshot()?;
+        let reader = store.overlay_pinned()?;
+        let snap = reader.snapshot()?;
         let base = Beneath::open(&snap.config.base_path)
             .map_err(|e| format!("base {}: {e}", snap.config.base_path.display()))?;
-        Ok(Overlay { store, snap, base })
+        Ok(Overlay { reader, snap, base })
     }
 
     pub fn base(&self) -> &Beneath {
@@ -192,9 +195,9 @@ impl Overlay {
                 let po = i64::try_from(ino.0)
                     .ok()
                     .and_then(|i| self.snap.partial.get(&i));
-                self.store.overlay_file(ino, po)
+                self.reader.file(ino, po)
             }
-            (Kind::Symlink, Source::Delta { ino, .. }) => self.store.overlay_symlink(ino),
+            (Kind::Symlink, Source::Delta { ino, .. }) => self.reader.symlink(ino),
             (Kind::File, Source::Base) => self.base.read_file(rel(path)).map_err(base_err),
             (Kind::Symlink, Source::Base) => self.base.read_link(rel(path)).map_err(base_err),
             _ => Ok(Vec::new()),

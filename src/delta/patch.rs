@@ -1,14 +1,15 @@
-//! The changes as a patch in git's extended format, which `git apply` accepts in a copy of the
-//! base: text files as unified hunks with 3 lines of context, binary files (a NUL in the first
-//! 8000 bytes of either side) as `GIT binary patch` literals (zlib, base85), symlinks as mode
-//! 120000 with the target as content. A patch carries what git tracks: content, symlinks and
-//! the executable bit. Directories (so empty ones), other permission bits and special files
-//! are not representable; `agentfs apply` handles the first two.
+//! The changes as a patch, byte for byte what `git diff --full-index` (with [`Binary::Patch`]:
+//! `--binary`) prints for the same change in a repository of the base: text files as git's
+//! hunks ([`super::hunks`]), binary files (a NUL in the first 8000 bytes of either side)
+//! mentioned or as `GIT binary patch` hunks in both directions, each git's choice of
+//! `literal` or `delta` ([`super::gitdelta`]), symlinks as mode 120000 with the target as
+//! content, a change of type as a deletion then a creation. A patch carries what git tracks:
+//! content, symlinks and the executable bit. Directories (so empty ones), other permission
+//! bits and special files are not representable; `agentfs apply` handles the first two.
 
 use std::io::Write;
 
 use sha1::{Digest, Sha1};
-use similar::{Algorithm, TextDiff};
 
 use super::{Change, Entry, Kind, Overlay, Side};
 
@@ -35,15 +36,9 @@ fn git_mode(side: &Side) -> &'static str {
     }
 }
 
-/// Whether `data` goes into a patch as a binary literal: git's own rule (a NUL in the first
-/// 8000 bytes), and also any carriage return that does not end a line, which the line splitter
-/// treats as a line end where `git apply` does not (a binary literal applies either way).
+/// Whether git treats `data` as binary: a NUL in the first 8000 bytes.
 fn is_binary(data: &[u8]) -> bool {
     data[..data.len().min(BINARY_PROBE)].contains(&0)
-        || data
-            .iter()
-            .enumerate()
-            .any(|(i, &b)| b == b'\r' && data.get(i + 1) != Some(&b'\n'))
 }
 
 /// `prefix` + path as git writes it: in double quotes with C escapes when the path has control
@@ -101,12 +96,47 @@ fn encode85(data: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-/// A `literal` binary hunk: `data` deflated with zlib, 52 bytes per line.
-fn binary_literal(data: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
-    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
-    z.write_all(data)?;
-    let packed = z.finish()?;
-    writeln!(out, "literal {}", data.len())?;
+/// git's zlib level for patches (`core.compression` unset: best speed).
+const ZLIB_LEVEL: u32 = 1;
+
+/// `data` as one zlib stream, compressed in a single call as git does.
+fn deflate(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut z = flate2::Compress::new(flate2::Compression::new(ZLIB_LEVEL), true);
+    let mut out = Vec::with_capacity(data.len() + data.len() / 8 + 64);
+    loop {
+        let consumed = usize::try_from(z.total_in()).unwrap_or(usize::MAX);
+        let status = z
+            .compress_vec(
+                data.get(consumed..).unwrap_or_default(),
+                &mut out,
+                flate2::FlushCompress::Finish,
+            )
+            .map_err(std::io::Error::other)?;
+        if status == flate2::Status::StreamEnd {
+            return Ok(out);
+        }
+        out.reserve(out.capacity().max(64));
+    }
+}
+
+/// One direction of a binary patch, `from` to `to`: git's `delta` when both sides have
+/// content and the deflated delta is smaller than the deflated content, else `literal`.
+fn binary_hunk(from: &[u8], to: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
+    let literal = deflate(to)?;
+    let delta = match super::gitdelta::delta(from, to, literal.len()) {
+        Some(d) => Some((d.len(), deflate(&d)?)),
+        None => None,
+    };
+    let packed = match delta {
+        Some((raw, packed)) if packed.len() < literal.len() => {
+            writeln!(out, "delta {raw}")?;
+            packed
+        }
+        _ => {
+            writeln!(out, "literal {}", to.len())?;
+            literal
+        }
+    };
     for line in packed.chunks(52) {
         let n = line.len() as u8;
         out.push(if n <= 26 { b'A' + n - 1 } else { b'a' + n - 27 });
@@ -117,12 +147,22 @@ fn binary_literal(data: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// One file's section (empty when git cannot tell the two sides apart: a directory, or a
-/// permission change other than the executable bit).
+/// How binary files appear in a patch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binary {
+    /// "Binary files a/x and b/x differ", as `git diff`.
+    Mention,
+    /// Both directions as `GIT binary patch` hunks, as `git diff --binary`.
+    Patch,
+}
+
+/// One file's section (empty when git cannot tell the two sides apart: a permission change
+/// other than the executable bit).
 fn section(
     path: &[u8],
     old: Option<(&Side, &[u8])>,
     new: Option<(&Side, &[u8])>,
+    binary: Binary,
     out: &mut Vec<u8>,
 ) -> std::io::Result<()> {
     let rel = super::rel(path);
@@ -166,42 +206,43 @@ fn section(
         (Some((o, _)), Some(_)) if !mode_change => writeln!(out, " {}", git_mode(o))?,
         _ => writeln!(out)?,
     }
+    let old_label = old.map_or(&b"/dev/null"[..], |_| &a);
+    let new_label = new.map_or(&b"/dev/null"[..], |_| &b);
     if is_binary(old_bytes) || is_binary(new_bytes) {
-        out.extend_from_slice(b"GIT binary patch\n");
-        return binary_literal(new_bytes, out);
+        match binary {
+            Binary::Mention => {
+                out.extend_from_slice(b"Binary files ");
+                out.extend_from_slice(old_label);
+                out.extend_from_slice(b" and ");
+                out.extend_from_slice(new_label);
+                out.extend_from_slice(b" differ\n");
+            }
+            Binary::Patch => {
+                out.extend_from_slice(b"GIT binary patch\n");
+                binary_hunk(old_bytes, new_bytes, out)?;
+                binary_hunk(new_bytes, old_bytes, out)?;
+            }
+        }
+        return Ok(());
     }
     if old_bytes.is_empty() && new_bytes.is_empty() {
         return Ok(());
     }
-    let name_line = |sign: &str, side: Option<&Vec<u8>>, out: &mut Vec<u8>| {
-        out.extend_from_slice(sign.as_bytes());
-        match side {
-            Some(n) => {
-                out.extend_from_slice(n);
-                if n.contains(&b' ') {
-                    out.push(b'\t');
-                }
-            }
-            None => out.extend_from_slice(b"/dev/null"),
+    for (sign, label) in [(&b"--- "[..], old_label), (b"+++ ", new_label)] {
+        out.extend_from_slice(sign);
+        out.extend_from_slice(label);
+        if label.contains(&b' ') {
+            out.push(b'\t');
         }
         out.push(b'\n');
-    };
-    name_line("--- ", old.map(|_| &a), out);
-    name_line("+++ ", new.map(|_| &b), out);
-    let diff = TextDiff::configure()
-        .algorithm(Algorithm::Myers)
-        .diff_lines(old_bytes, new_bytes);
-    let mut unified = diff.unified_diff();
-    unified.context_radius(3).missing_newline_hint(true);
-    for hunk in unified.iter_hunks() {
-        hunk.to_writer(&mut *out)?;
     }
+    super::hunks::unified(old_bytes, new_bytes, out);
     Ok(())
 }
 
 impl Overlay {
     /// The patch of `changes` (from [`Overlay::changes`]). Special files are refused.
-    pub fn patch(&self, changes: &[Entry]) -> Result<Vec<u8>, String> {
+    pub fn patch(&self, changes: &[Entry], binary: Binary) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
         let io = |e: std::io::Error| format!("writing the patch: {e}");
         for e in changes {
@@ -231,6 +272,7 @@ impl Overlay {
                 &e.path,
                 old.as_ref().map(|(s, d)| (s, d.as_slice())),
                 new.as_ref().map(|(s, d)| (s, d.as_slice())),
+                binary,
                 &mut out,
             )
             .map_err(io)?;
@@ -244,9 +286,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lone_carriage_returns_make_a_file_binary() {
+    fn binary_is_a_nul_in_the_first_8000_bytes() {
         assert!(!is_binary(b"dos\r\nlines\r\n"));
-        assert!(is_binary(b"old mac\rlines"));
+        assert!(!is_binary(b"old mac\rlines"));
+        let mut late = vec![b'x'; BINARY_PROBE];
+        late.push(0);
+        assert!(!is_binary(&late));
         assert!(is_binary(b"nul\0"));
         assert!(!is_binary("caf\u{e9}\n".as_bytes()));
     }

@@ -474,35 +474,57 @@ pub struct Snapshot {
     pub seen: Option<HashMap<Vec<u8>, BaseSeen>>,
 }
 
+/// One read transaction on an overlay database, open for as long as the value lives: every read
+/// through it sees the database as of the first (the consistent cut `agentfs diff` and
+/// `agentfs apply` read while a mount may still be writing).
+pub struct PinnedRead {
+    conn: Connection,
+    cfg: FsConfig,
+    db: String,
+}
+
 impl Store {
-    /// The delta of an overlay database; an error for an ordinary one.
-    pub fn overlay_snapshot(&self) -> Result<Snapshot, String> {
+    /// Begin a [`PinnedRead`] on a connection of its own.
+    pub fn overlay_pinned(&self) -> Result<PinnedRead, String> {
         let db = self.path().display().to_string();
-        self.overlay_read(|c| {
-            let config = read_config(c)?.ok_or_else(|| {
-                format!("{db} is not an overlay delta (no base directory; see agentfs init --base)")
-            })?;
-            let delta = read_delta(c).map_err(|e| format!("{db}: reading the delta tree: {e}"))?;
-            let partial = partial_origins_by_ino(c).map_err(|e| format!("{db}: {e}"))?;
-            let seen = read_seen(c).map_err(|e| format!("{db}: fs_base_seen: {e}"))?;
-            Ok(Snapshot {
-                config,
-                delta,
-                partial,
-                seen,
-            })
+        let conn = super::conn::open(self.path(), true).map_err(|e| format!("{db}: {e}"))?;
+        conn.execute_batch("BEGIN DEFERRED")
+            .map_err(|e| format!("{db}: {e}"))?;
+        Ok(PinnedRead {
+            conn,
+            cfg: self.config(),
+            db,
+        })
+    }
+}
+
+impl PinnedRead {
+    /// The delta of an overlay database; an error for an ordinary one. The first read, so the
+    /// one that fixes the cut.
+    pub fn snapshot(&self) -> Result<Snapshot, String> {
+        let (c, db) = (&self.conn, &self.db);
+        let config = read_config(c)?.ok_or_else(|| {
+            format!("{db} is not an overlay delta (no base directory; see agentfs init --base)")
+        })?;
+        let delta = read_delta(c).map_err(|e| format!("{db}: reading the delta tree: {e}"))?;
+        let partial = partial_origins_by_ino(c).map_err(|e| format!("{db}: {e}"))?;
+        let seen = read_seen(c).map_err(|e| format!("{db}: fs_base_seen: {e}"))?;
+        Ok(Snapshot {
+            config,
+            delta,
+            partial,
+            seen,
         })
     }
 
     /// The whole content of delta file `ino` (see [`read_content`]).
-    pub fn overlay_file(&self, ino: Ino, po: Option<&PartialOrigin>) -> Result<Vec<u8>, String> {
-        let cfg = self.config();
-        self.overlay_read(|c| read_content(c, &cfg, ino, po))
+    pub fn file(&self, ino: Ino, po: Option<&PartialOrigin>) -> Result<Vec<u8>, String> {
+        read_content(&self.conn, &self.cfg, ino, po).map_err(|e| format!("{}: {e}", self.db))
     }
 
     /// The target of delta symlink `ino`.
-    pub fn overlay_symlink(&self, ino: Ino) -> Result<Vec<u8>, String> {
-        self.overlay_read(|c| read_symlink(c, ino).map_err(|e| format!("inode {}: {e}", ino.0)))
+    pub fn symlink(&self, ino: Ino) -> Result<Vec<u8>, String> {
+        read_symlink(&self.conn, ino).map_err(|e| format!("{}: inode {}: {e}", self.db, ino.0))
     }
 }
 
