@@ -58,6 +58,12 @@ pub struct GcArgs {
     pub json: bool,
 }
 
+#[derive(clap::Args, Debug)]
+pub struct CheckpointArgs {
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// A project (`agentfs init` or `quick` made it) whose delta exists.
 fn project(name: &str) -> Result<Project, String> {
     let root = crate::project::root(crate::knobs::get()).map_err(|e| e.to_string())?;
@@ -70,10 +76,7 @@ fn project(name: &str) -> Result<Project, String> {
 
 /// The ignore patterns: config.toml's `[project] ignore` array, else the defaults.
 fn ignore_of(p: &Project) -> Result<Ignore, String> {
-    match &p.config.project.ignore {
-        Some(patterns) => Ignore::new(patterns),
-        None => Ok(Ignore::default()),
-    }
+    Ignore::configured(p.config.project.ignore.as_deref())
 }
 
 fn open(dir: &Path) -> Result<History, String> {
@@ -183,6 +186,7 @@ fn commit_json(i: &CommitInfo) -> serde_json::Value {
         "message": i.commit.message,
         "tags": i.tags,
         "head": i.head,
+        "pruned": i.pruned,
         "tree": hex(&i.commit.state.tree()),
     })
 }
@@ -365,6 +369,17 @@ pub fn gc(a: GcArgs) -> super::CliResult {
         }
     }
     Ok(i32::from(!r.dangling.is_empty()))
+}
+
+/// `agentfs checkpoint`: inside a sandbox, ask its watcher for a checkpoint and wait for it.
+pub fn checkpoint(a: CheckpointArgs) -> super::CliResult {
+    let commit = crate::history::checkpoint::request()?;
+    if a.json {
+        print_json(&json!({ "sandbox": commit.is_some(), "commit": commit }))?;
+    } else if let Some(c) = &commit {
+        say(format_args!("checkpoint {c}"));
+    }
+    Ok(0)
 }
 
 #[cfg(test)]
