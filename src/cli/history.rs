@@ -373,11 +373,18 @@ pub fn gc(a: GcArgs) -> super::CliResult {
 
 /// `agentfs checkpoint`: inside a sandbox, ask its watcher for a checkpoint and wait for it.
 pub fn checkpoint(a: CheckpointArgs) -> super::CliResult {
-    let commit = crate::history::checkpoint::request()?;
+    let reply = crate::history::checkpoint::request()?;
     if a.json {
-        print_json(&json!({ "sandbox": commit.is_some(), "commit": commit }))?;
-    } else if let Some(c) = &commit {
-        say(format_args!("checkpoint {c}"));
+        print_json(&json!({
+            "sandbox": reply.is_some(),
+            "commit": reply.as_ref().map(|r| &r.commit),
+            "frozen_ms": reply.as_ref().and_then(|r| r.frozen_ms),
+        }))?;
+    } else if let Some(r) = &reply {
+        match r.frozen_ms {
+            Some(ms) => say(format_args!("checkpoint {} (frozen {ms} ms)", r.commit)),
+            None => say(format_args!("checkpoint {} (unfrozen)", r.commit)),
+        }
     }
     Ok(0)
 }

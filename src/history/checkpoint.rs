@@ -120,9 +120,14 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    pub fn start(target: Target, timing: Timing, requests: Option<UnixListener>) -> Watcher {
+    pub fn start(
+        target: Target,
+        timing: Timing,
+        activity: Activity,
+        requests: Option<UnixListener>,
+    ) -> Watcher {
         let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
-        let thread = std::thread::spawn(move || watch(target, timing, requests, stopped));
+        let thread = std::thread::spawn(move || watch(target, timing, activity, requests, stopped));
         Watcher { stop, thread }
     }
 
@@ -133,17 +138,28 @@ impl Watcher {
 }
 
 /// `PRAGMA data_version` of a connection of our own: it changes whenever another connection
-/// (the server's) commits to the delta. The cheapest sign of writes there is.
-struct Activity(Option<rusqlite::Connection>);
+/// (the server's) commits to the delta. The cheapest sign of writes there is. Opened before
+/// the command starts (the first query sets the connection's baseline), so its first writes
+/// count as a change.
+pub struct Activity {
+    conn: Option<rusqlite::Connection>,
+    first: i64,
+}
 
 impl Activity {
-    fn open(delta: &Path) -> Activity {
-        let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        Activity(rusqlite::Connection::open_with_flags(delta, flags).ok())
+    pub fn open(delta: &Path) -> Activity {
+        let flags =
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let mut a = Activity {
+            conn: rusqlite::Connection::open_with_flags(delta, flags).ok(),
+            first: 0,
+        };
+        a.first = a.version();
+        a
     }
 
     fn version(&self) -> i64 {
-        self.0
+        self.conn
             .as_ref()
             .and_then(|c| c.query_row("PRAGMA data_version", [], |r| r.get(0)).ok())
             .unwrap_or(0)
@@ -153,10 +169,10 @@ impl Activity {
 fn watch(
     target: Target,
     timing: Timing,
+    activity: Activity,
     requests: Option<UnixListener>,
     stopped: crossbeam_channel::Receiver<()>,
 ) {
-    let activity = Activity::open(&target.delta);
     let mut history = match History::open(&target.store_dir) {
         Ok(h) => h,
         Err(e) => {
@@ -164,7 +180,7 @@ fn watch(
             return;
         }
     };
-    let mut seen = activity.version();
+    let mut seen = activity.first;
     let mut last_change = Instant::now();
     let mut dirty_since: Option<Instant> = None;
     let mut waiting: Vec<UnixStream> = Vec::new();
@@ -196,16 +212,19 @@ fn watch(
         };
         let Some(why) = why else { continue };
         let taken = take(&target, &timing, &mut history, &activity, why);
-        if let Ok((_, v)) = &taken {
+        if let Ok(t) = &taken {
             // Changes committed before the walk began are in this checkpoint.
-            if *v != seen {
-                seen = *v;
+            if t.version != seen {
+                seen = t.version;
                 last_change = now;
             }
             dirty_since = None;
         }
         let reply = match &taken {
-            Ok((h, _)) => format!("ok {h}\n"),
+            Ok(t) => match t.frozen_ms {
+                Some(ms) => format!("ok {} {ms}\n", t.commit),
+                None => format!("ok {}\n", t.commit),
+            },
             Err(e) => {
                 tracing::warn!("checkpoint failed: {e}");
                 format!("err {e}\n")
@@ -235,28 +254,41 @@ fn accept(l: &UnixListener, waiting: &mut Vec<UnixStream>) {
     }
 }
 
+/// A checkpoint taken: the commit holding the state (HEAD when nothing changed since), the
+/// delta's data version the walk saw at least, and how long the sandbox was frozen.
+struct Taken {
+    commit: String,
+    version: i64,
+    frozen_ms: Option<u128>,
+}
+
 /// One checkpoint: freeze, make the sandbox's writes durable, snapshot, thaw (always).
-/// Returns the commit holding the state (HEAD when nothing changed since) and the delta's
-/// data version the walk saw at least.
 fn take(
     t: &Target,
     timing: &Timing,
     history: &mut History,
     activity: &Activity,
     why: Why,
-) -> Result<(String, i64), String> {
+) -> Result<Taken, String> {
     let started = Instant::now();
     let frozen = match &t.cgroup {
         Some(cg) => cg.freeze(timing.freeze_wait).map_err(|e| e.to_string()),
         None => Err("no cgroup for this run".to_string()),
     };
-    let walked = snapshot(t, history, activity, why, &frozen, started);
+    let walked = snapshot(t, history, activity, why, &frozen);
+    let mut frozen_ms = None;
     if let (Some(cg), Ok(())) = (&t.cgroup, &frozen) {
         if let Err(e) = cg.thaw() {
             tracing::error!("thawing {}: {e}", cg.path().display());
         }
+        frozen_ms = Some(started.elapsed().as_millis());
     }
-    walked
+    let (commit, version) = walked?;
+    Ok(Taken {
+        commit,
+        version,
+        frozen_ms,
+    })
 }
 
 fn snapshot(
@@ -265,14 +297,10 @@ fn snapshot(
     activity: &Activity,
     why: Why,
     frozen: &Result<(), String>,
-    started: Instant,
 ) -> Result<(String, i64), String> {
     // Dirty pages of the sandbox's writes go to the server, then its barrier commits them.
-    let root = PathBuf::from(format!("/proc/{}/root", t.pid1)).join(
-        t.source
-            .strip_prefix("/")
-            .unwrap_or(t.source.as_path()),
-    );
+    let root = PathBuf::from(format!("/proc/{}/root", t.pid1))
+        .join(t.source.strip_prefix("/").unwrap_or(t.source.as_path()));
     match std::fs::File::open(&root) {
         Ok(f) => {
             if let Err(e) = nix::unistd::syncfs(&f) {
@@ -295,10 +323,6 @@ fn snapshot(
         ..SnapOptions::manual(&message, &t.ignore)
     };
     let r = history.snapshot(&t.delta, &o)?;
-    tracing::debug!(
-        "checkpoint ({why:?}) in {} ms",
-        started.elapsed().as_millis()
-    );
     let h = match r.commit {
         Some(h) => h,
         None => history.head()?.ok_or("no snapshot")?,
@@ -306,9 +330,16 @@ fn snapshot(
     Ok((hex(&h), version))
 }
 
+/// What `agentfs checkpoint` got back.
+pub struct Reply {
+    pub commit: String,
+    /// How long the sandbox was frozen for it (None: unfrozen).
+    pub frozen_ms: Option<u64>,
+}
+
 /// `agentfs checkpoint` inside a sandbox: ask the watcher through the socket and wait for the
 /// commit. Ok(None) outside a sandbox.
-pub fn request() -> Result<Option<String>, String> {
+pub fn request() -> Result<Option<Reply>, String> {
     if std::env::var_os(crate::sandbox::request::SANDBOX_ENV).is_none() {
         return Ok(None);
     }
@@ -319,7 +350,12 @@ pub fn request() -> Result<Option<String>, String> {
     s.read_to_string(&mut reply)
         .map_err(|e| format!("checkpoint_unavailable: {e}"))?;
     match reply.trim_end().split_once(' ') {
-        Some(("ok", h)) => Ok(Some(h.to_string())),
+        Some(("ok", rest)) => {
+            let mut words = rest.split(' ');
+            let commit = words.next().unwrap_or_default().to_string();
+            let frozen_ms = words.next().and_then(|w| w.parse().ok());
+            Ok(Some(Reply { commit, frozen_ms }))
+        }
         Some(("err", e)) => Err(format!("checkpoint_failed: {e}")),
         _ => Err("checkpoint_unavailable: the watcher closed the request unanswered".into()),
     }

@@ -623,7 +623,11 @@ impl History {
         self.db.write(|c| {
             let sqle = |e: rusqlite::Error| format!("history: {e}");
             let head = db::head(c).map_err(sqle)?;
-            let tagged: HashSet<Hash> = db::tags(c).map_err(sqle)?.into_iter().map(|t| t.1).collect();
+            let tagged: HashSet<Hash> = db::tags(c)
+                .map_err(sqle)?
+                .into_iter()
+                .map(|t| t.1)
+                .collect();
             let mut seen = 0u64;
             let mut hours = HashSet::new();
             let mut gone = Vec::new();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::record::HistoryRecord;
 use super::request::{Bind, SandboxRequest};
 use super::SandboxError;
-use crate::history::checkpoint::{self, FreezeMode, Target, Timing, Watcher};
+use crate::history::checkpoint::{self, Activity, FreezeMode, Target, Timing, Watcher};
 use crate::history::object::{hex, CommitKind};
 use crate::history::{History, Ignore, SnapOptions};
 use crate::knobs::Knobs;
@@ -27,6 +27,7 @@ pub struct RunHistory {
     cgroup: Option<Arc<Cgroup>>,
     mode: FreezeMode,
     listener: Option<UnixListener>,
+    activity: Option<Activity>,
     watcher: Option<Watcher>,
     pub record: HistoryRecord,
 }
@@ -36,8 +37,7 @@ impl RunHistory {
     /// a cgroup, `require` refuses and `auto` says once that checkpoints run unfrozen.
     pub fn prepare(req: &SandboxRequest, knobs: &Knobs) -> Result<RunHistory, SandboxError> {
         let ignore = checkpoint::project_ignore(&req.project_dir).map_err(SandboxError::Config)?;
-        let mode =
-            FreezeMode::from_knob(&knobs.checkpoint_freeze).map_err(SandboxError::Config)?;
+        let mode = FreezeMode::from_knob(&knobs.checkpoint_freeze).map_err(SandboxError::Config)?;
         std::fs::create_dir_all(checkpoint::socket_dir(&req.project_dir))
             .map_err(|e| SandboxError::Io(format!("{}: {e}", req.project_dir.display())))?;
         let mut h = RunHistory {
@@ -49,11 +49,13 @@ impl RunHistory {
             cgroup: None,
             mode,
             listener: None,
+            activity: None,
             watcher: None,
             record: HistoryRecord::default(),
         };
         if mode == FreezeMode::Off {
-            h.record.freezer = "off (AGENTFS_CHECKPOINT_FREEZE=off): checkpoints are unfrozen".into();
+            h.record.freezer =
+                "off (AGENTFS_CHECKPOINT_FREEZE=off): checkpoints are unfrozen".into();
             return Ok(h);
         }
         let name = format!("{}-{}", req.project, std::process::id());
@@ -107,8 +109,10 @@ impl RunHistory {
         Ok(())
     }
 
-    /// Once the run holds the delta's lock: the request socket (a stale one is replaced).
+    /// Once the run holds the delta's lock, before the command starts: the request socket (a
+    /// stale one is replaced) and the watcher's view of the delta's commits.
     pub fn listen(&mut self) {
+        self.activity = Some(Activity::open(&self.delta));
         let path = checkpoint::socket_dir(&self.project_dir).join(checkpoint::SOCKET_NAME);
         let _ = std::fs::remove_file(&path);
         let bound = UnixListener::bind(&path).and_then(|l| {
@@ -137,9 +141,14 @@ impl RunHistory {
             source: self.source.clone(),
             cgroup: self.cgroup.clone(),
         };
+        let activity = self
+            .activity
+            .take()
+            .unwrap_or_else(|| Activity::open(&self.delta));
         self.watcher = Some(Watcher::start(
             target,
             self.timing.clone(),
+            activity,
             self.listener.take(),
         ));
     }

@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use nix::sched::CloneFlags;
 
-use super::plan::{self, Op};
 use super::history::RunHistory;
+use super::plan::{self, Op};
 use super::record::{self, LiveMarker, RunRecord};
 use super::request::{HomeMode, Net, SandboxRequest};
 use super::view::{self, Failure};

@@ -28,7 +28,10 @@ impl Cgroup {
         let parent = root.join("agentfs");
         match std::fs::create_dir(&parent) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
-                return Err(io::Error::new(e.kind(), format!("{}: {e}", parent.display())))
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", parent.display()),
+                ))
             }
             _ => {}
         }
@@ -67,9 +70,7 @@ impl Cgroup {
         loop {
             match self.frozen() {
                 Ok(true) => return Ok(()),
-                Ok(false) if Instant::now() < until => {
-                    std::thread::sleep(Duration::from_millis(1))
-                }
+                Ok(false) if Instant::now() < until => std::thread::sleep(Duration::from_millis(1)),
                 Ok(false) => {
                     let _ = self.thaw();
                     return Err(io::Error::new(
