@@ -198,11 +198,12 @@ fn commit_line(i: &CommitInfo) -> String {
         format!(" ({})", i.tags.join(", "))
     };
     format!(
-        "{} {} {:<10} {}{tags}{}",
+        "{} {} {:<10} {}{tags}{}{}",
         if i.head { '*' } else { ' ' },
         short(&i.hash),
         i.commit.kind.name(),
         utc(i.commit.time_sec),
+        if i.pruned { " [pruned]" } else { "" },
         if i.commit.message.is_empty() {
             String::new()
         } else {

@@ -184,11 +184,9 @@ fn watch(
     let mut last_change = Instant::now();
     let mut dirty_since: Option<Instant> = None;
     let mut waiting: Vec<UnixStream> = Vec::new();
-    loop {
-        match stopped.recv_timeout(timing.tick()) {
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-            _ => break,
-        }
+    while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+        stopped.recv_timeout(timing.tick())
+    {
         if let Some(l) = &requests {
             accept(l, &mut waiting);
         }
