@@ -14,6 +14,24 @@ pub fn v2_mount() -> Option<PathBuf> {
         .map(|m| m.mount_point)
 }
 
+/// Remove the cgroups (`<name>-<pid>`) of supervisors that died without removing theirs (a
+/// SIGKILL); one that still holds processes stays (rmdir refuses).
+fn remove_stale(parent: &Path) {
+    let Ok(dir) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.rsplit_once('-'))
+            .and_then(|(_, pid)| pid.parse::<i32>().ok());
+        if pid.is_some_and(|p| !crate::sys::ns::alive(p)) {
+            let _ = std::fs::remove_dir(e.path());
+        }
+    }
+}
+
 /// A cgroup this process created; removed on drop (once its processes are gone).
 #[derive(Debug)]
 pub struct Cgroup {
@@ -35,6 +53,7 @@ impl Cgroup {
             }
             _ => {}
         }
+        remove_stale(&parent);
         let dir = parent.join(name);
         std::fs::create_dir(&dir)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
