@@ -87,6 +87,16 @@ knob_table! {
         "Before a read-write mount, run SQLite's PRAGMA quick_check and refuse a database whose pages are damaged (db_corrupt; -o ro still mounts it to copy files out).";
     mount_quick_check_ms: U64 = 2000, [1, 3600000], Policy, "AGENTFS_MOUNT_QUICK_CHECK_MS",
         "Most time the mount's quick check may take, in milliseconds; a database too large to finish in it is mounted after a warning that only part of it was checked (agentfs integrity checks it all).";
+    checkpoint_idle_ms: U64 = 5000, [0, 86400000], Policy, "AGENTFS_CHECKPOINT_IDLE_MS",
+        "A running sandbox's watcher takes a checkpoint (a snapshot of kind checkpoint) once the project's delta has had no commit for this long after a change, in milliseconds (0 = no automatic checkpoints; `agentfs checkpoint` still works).";
+    checkpoint_max_s: U64 = 90, [0, 86400], Policy, "AGENTFS_CHECKPOINT_MAX_S",
+        "Ceiling of automatic checkpoints: while writes never pause, a checkpoint is still taken once the oldest change not in a checkpoint is this old (as the watcher first saw it), in seconds (0 = no ceiling: only pauses trigger).";
+    checkpoint_keep: U64 = 20, [0, 1000000], Policy, "AGENTFS_CHECKPOINT_KEEP",
+        "Retention: the newest this many checkpoints of the history keep their state; older ones keep it only when they are the newest checkpoint of their hour, the rest are pruned (their commit stays, gc may then delete what only they reached). Manual, exit and restore commits are never pruned (0 = prune nothing).";
+    checkpoint_freeze: Str = "auto", [0, 0], Policy, "AGENTFS_CHECKPOINT_FREEZE",
+        "Freeze the sandbox's processes (cgroup v2 freezer) while a checkpoint is taken: auto (freeze when a cgroup can be made, else run with unfrozen checkpoints, said at launch and in the run record), require (refuse to launch without one: freezer_unavailable) or off (never freeze).";
+    checkpoint_freeze_wait_ms: U64 = 2000, [1, 600000], Policy, "AGENTFS_CHECKPOINT_FREEZE_WAIT_MS",
+        "Most time a checkpoint waits for the kernel to report the sandbox frozen; past it the sandbox is thawed and the checkpoint is taken unfrozen (recorded in its message), in milliseconds.";
     log: Str = "warn", [0, 0], Policy, "AGENTFS_LOG",
         "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug); offline commands log only when it is set to another filter than this default.";
     fault_commit: Str = "", [0, 0], Policy, "AGENTFS_FAULT_COMMIT",

@@ -58,6 +58,12 @@ pub struct GcArgs {
     pub json: bool,
 }
 
+#[derive(clap::Args, Debug)]
+pub struct CheckpointArgs {
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// A project (`agentfs init` or `quick` made it) whose delta exists.
 fn project(name: &str) -> Result<Project, String> {
     let root = crate::project::root(crate::knobs::get()).map_err(|e| e.to_string())?;
@@ -70,10 +76,7 @@ fn project(name: &str) -> Result<Project, String> {
 
 /// The ignore patterns: config.toml's `[project] ignore` array, else the defaults.
 fn ignore_of(p: &Project) -> Result<Ignore, String> {
-    match &p.config.project.ignore {
-        Some(patterns) => Ignore::new(patterns),
-        None => Ok(Ignore::default()),
-    }
+    Ignore::configured(p.config.project.ignore.as_deref())
 }
 
 fn open(dir: &Path) -> Result<History, String> {
@@ -183,6 +186,7 @@ fn commit_json(i: &CommitInfo) -> serde_json::Value {
         "message": i.commit.message,
         "tags": i.tags,
         "head": i.head,
+        "pruned": i.pruned,
         "tree": hex(&i.commit.state.tree()),
     })
 }
@@ -194,11 +198,12 @@ fn commit_line(i: &CommitInfo) -> String {
         format!(" ({})", i.tags.join(", "))
     };
     format!(
-        "{} {} {:<10} {}{tags}{}",
+        "{} {} {:<10} {}{tags}{}{}",
         if i.head { '*' } else { ' ' },
         short(&i.hash),
         i.commit.kind.name(),
         utc(i.commit.time_sec),
+        if i.pruned { " [pruned]" } else { "" },
         if i.commit.message.is_empty() {
             String::new()
         } else {
@@ -365,6 +370,24 @@ pub fn gc(a: GcArgs) -> super::CliResult {
         }
     }
     Ok(i32::from(!r.dangling.is_empty()))
+}
+
+/// `agentfs checkpoint`: inside a sandbox, ask its watcher for a checkpoint and wait for it.
+pub fn checkpoint(a: CheckpointArgs) -> super::CliResult {
+    let reply = crate::history::checkpoint::request()?;
+    if a.json {
+        print_json(&json!({
+            "sandbox": reply.is_some(),
+            "commit": reply.as_ref().map(|r| &r.commit),
+            "frozen_ms": reply.as_ref().and_then(|r| r.frozen_ms),
+        }))?;
+    } else if let Some(r) = &reply {
+        match r.frozen_ms {
+            Some(ms) => say(format_args!("checkpoint {} (frozen {ms} ms)", r.commit)),
+            None => say(format_args!("checkpoint {} (unfrozen)", r.commit)),
+        }
+    }
+    Ok(0)
 }
 
 #[cfg(test)]

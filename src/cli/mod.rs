@@ -91,6 +91,9 @@ enum Command {
     /// Delete the snapshot objects no tag or HEAD reaches (--dry-run lists them; --check
     /// checks the store).
     Gc(history::GcArgs),
+    /// Inside a sandbox: ask for a checkpoint now and wait until it is recorded. Outside one:
+    /// do nothing (exit 0).
+    Checkpoint(history::CheckpointArgs),
 }
 
 /// A failure of a subcommand, printed as `agentfs: <message>`.
@@ -138,6 +141,7 @@ pub fn main() -> i32 {
         Command::Restore(a) => history::restore(a),
         Command::Undo(a) => history::undo(a),
         Command::Gc(a) => history::gc(a),
+        Command::Checkpoint(a) => history::checkpoint(a),
         Command::Knobs => {
             print!("{}", crate::knobs::LEDGER_MARKDOWN);
             Ok(0)

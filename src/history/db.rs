@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
-use super::object::{children_of, hex, Hash, ObjKind};
+use super::object::{children_of, decode_commit, hex, Hash, ObjKind};
 
 /// The file name of the history database inside a store directory.
 pub const DB_NAME: &str = "history.db";
@@ -39,7 +39,11 @@ CREATE TABLE IF NOT EXISTS file_cache (
   ctime_nsec INTEGER NOT NULL,
   blob BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pruned (hash BLOB PRIMARY KEY);
 ";
+
+/// Tables added to format 1 after its first release (created when absent on open).
+const ADDED: &str = "CREATE TABLE IF NOT EXISTS pruned (hash BLOB PRIMARY KEY);";
 
 /// zstd level of object bodies.
 const ZSTD_LEVEL: i32 = 3;
@@ -101,7 +105,7 @@ impl Db {
             })
             .map_err(e(&path))?;
         match format.as_deref() {
-            Some(FORMAT) => {}
+            Some(FORMAT) => c.execute_batch(ADDED).map_err(e(&path))?,
             Some(other) => {
                 return Err(format!(
                     "{}: unknown history format {other} (this build reads {FORMAT})",
@@ -327,15 +331,41 @@ pub fn unreachable(c: &Connection) -> rusqlite::Result<Vec<Unreachable>> {
     Ok(out)
 }
 
+/// Prune the checkpoint commit `h` whose parent is `parent`: the commit stays (the chain of
+/// parents is whole, `log` shows it) but its links to its state go, so gc deletes what only
+/// it reached.
+pub fn prune(c: &Connection, h: &Hash, parent: Option<&Hash>) -> rusqlite::Result<()> {
+    c.execute("INSERT OR IGNORE INTO pruned (hash) VALUES (?1)", [&h[..]])?;
+    match parent {
+        Some(p) => c.execute(
+            "DELETE FROM links WHERE parent = ?1 AND child != ?2",
+            (&h[..], &p[..]),
+        )?,
+        None => c.execute("DELETE FROM links WHERE parent = ?1", [&h[..]])?,
+    };
+    Ok(())
+}
+
+/// Whether the commit `h` was pruned.
+pub fn is_pruned(c: &Connection, h: &Hash) -> rusqlite::Result<bool> {
+    c.query_row(
+        "SELECT EXISTS(SELECT 1 FROM pruned WHERE hash = ?1)",
+        [&h[..]],
+        |r| r.get(0),
+    )
+}
+
 /// Delete `gone` with their links and the cache rows naming them.
 pub fn delete(c: &Connection, gone: &[Unreachable]) -> rusqlite::Result<()> {
     let mut o = c.prepare_cached("DELETE FROM objects WHERE hash = ?1")?;
     let mut l = c.prepare_cached("DELETE FROM links WHERE parent = ?1")?;
     let mut f = c.prepare_cached("DELETE FROM file_cache WHERE blob = ?1")?;
+    let mut p = c.prepare_cached("DELETE FROM pruned WHERE hash = ?1")?;
     for u in gone {
         o.execute([&u.hash[..]])?;
         l.execute([&u.hash[..]])?;
         f.execute([&u.hash[..]])?;
+        p.execute([&u.hash[..]])?;
     }
     Ok(())
 }
@@ -422,7 +452,13 @@ pub fn check(c: &Connection) -> Result<Vec<String>, String> {
                 continue;
             }
         };
-        match children_of(kind, &raw) {
+        // A pruned commit keeps only the link to its parent.
+        let children = if is_pruned(c, &h).map_err(sqle)? {
+            decode_commit(&raw).map(|cm| cm.parent.into_iter().collect())
+        } else {
+            children_of(kind, &raw)
+        };
+        match children {
             Ok(children) => {
                 let have = links.get(&h);
                 for ch in children {

@@ -57,6 +57,11 @@ impl Ignore {
         Ok(Ignore { patterns: out })
     }
 
+    /// A configuration's `ignore` array, or the defaults when it names none.
+    pub fn configured(patterns: Option<&[String]>) -> Result<Ignore, String> {
+        patterns.map_or_else(|| Ok(Ignore::default()), Ignore::new)
+    }
+
     /// Whether an entry named `name` is left out.
     pub fn name(&self, name: &[u8]) -> bool {
         self.patterns.iter().any(|p| glob(p, name))

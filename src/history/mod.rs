@@ -7,6 +7,7 @@
 //! transaction; a restore rewrites the delta's upper layer in one transaction and must run
 //! with no server on the delta (the caller takes the server lock).
 
+pub mod checkpoint;
 pub mod db;
 pub mod ignore;
 pub mod object;
@@ -80,6 +81,8 @@ pub struct CommitInfo {
     pub commit: Commit,
     pub tags: Vec<String>,
     pub head: bool,
+    /// A checkpoint retention pruned: listed, but its state is not kept.
+    pub pruned: bool,
 }
 
 /// One path-level change between two snapshots.
@@ -150,6 +153,17 @@ fn load_commit(c: &Connection, h: &Hash) -> Result<Commit, String> {
         (ObjKind::Commit, raw) => decode_commit(&raw),
         (k, _) => Err(format!("{} is a {}, not a commit", hex(h), k.name())),
     }
+}
+
+/// The state of commit `h`; refused when retention pruned it (its objects may be gone).
+fn load_state(c: &Connection, h: &Hash) -> Result<State, String> {
+    if db::is_pruned(c, h).map_err(|e| format!("history: {e}"))? {
+        return Err(format!(
+            "pruned: checkpoint {} was pruned by retention; its state is not kept",
+            &hex(h)[..12]
+        ));
+    }
+    Ok(load_commit(c, h)?.state)
 }
 
 fn load_tree(c: &Connection, h: &Hash) -> Result<Vec<Entry>, String> {
@@ -538,7 +552,7 @@ impl History {
     ) -> Result<RestoreReport, String> {
         let store = Store::open(delta, false).map_err(|e| e.to_string())?;
         let (state, kept, files, ctime) = self.db.read(|c| {
-            let state = load_commit(c, target)?.state;
+            let state = load_state(c, target)?;
             let whiteouts = load_whiteouts(c, &state.whiteouts)?;
             let mut fill = Fill {
                 c,
@@ -597,6 +611,47 @@ impl History {
         })
     }
 
+    /// Apply the checkpoint retention: along the history from HEAD, the newest `keep`
+    /// checkpoints keep their state, and of the older ones the newest of each hour (UTC);
+    /// every other checkpoint is pruned (see [`db::prune`]). HEAD and its parent, tagged
+    /// commits and commits of other kinds are never pruned. `keep` 0 prunes nothing. Returns
+    /// the commits pruned now.
+    pub fn prune_checkpoints(&mut self, keep: u64) -> Result<Vec<Hash>, String> {
+        if keep == 0 {
+            return Ok(Vec::new());
+        }
+        self.db.write(|c| {
+            let sqle = |e: rusqlite::Error| format!("history: {e}");
+            let head = db::head(c).map_err(sqle)?;
+            let tagged: HashSet<Hash> = db::tags(c)
+                .map_err(sqle)?
+                .into_iter()
+                .map(|t| t.1)
+                .collect();
+            let mut seen = 0u64;
+            let mut hours = HashSet::new();
+            let mut gone = Vec::new();
+            let mut next = head;
+            let mut depth = 0;
+            while let Some(h) = next {
+                let commit = load_commit(c, &h)?;
+                next = commit.parent;
+                depth += 1;
+                if commit.kind != CommitKind::Checkpoint || tagged.contains(&h) || depth <= 2 {
+                    continue;
+                }
+                seen += 1;
+                let newest_of_hour = hours.insert(commit.time_sec.div_euclid(3600));
+                if seen <= keep || newest_of_hour || db::is_pruned(c, &h).map_err(sqle)? {
+                    continue;
+                }
+                db::prune(c, &h, commit.parent.as_ref()).map_err(sqle)?;
+                gone.push(h);
+            }
+            Ok(gone)
+        })
+    }
+
     /// Every commit with its tags, oldest first, HEAD marked.
     pub fn list(&mut self) -> Result<Vec<CommitInfo>, String> {
         self.db.read(|c| {
@@ -640,8 +695,8 @@ impl History {
     /// Path-level changes from the state of `a` to the state of `b`, sorted by path.
     pub fn diff(&mut self, a: &str, b: &str) -> Result<Vec<Change>, String> {
         self.db.read(|c| {
-            let sa = load_commit(c, &resolve_in(c, a)?)?.state;
-            let sb = load_commit(c, &resolve_in(c, b)?)?.state;
+            let sa = load_state(c, &resolve_in(c, a)?)?;
+            let sb = load_state(c, &resolve_in(c, b)?)?;
             let mut out: BTreeMap<Vec<u8>, Change> = BTreeMap::new();
             if !sa.root.same_attrs(&sb.root) {
                 push(&mut out, b"/", 'M', "dir");
@@ -710,6 +765,7 @@ fn info(
             .map(|(n, _)| n.clone())
             .collect(),
         head: head.as_ref() == Some(&h),
+        pruned: db::is_pruned(c, &h).map_err(|e| format!("history: {e}"))?,
     })
 }
 

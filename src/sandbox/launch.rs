@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use nix::sched::CloneFlags;
 
+use super::history::RunHistory;
 use super::plan::{self, Op};
 use super::record::{self, LiveMarker, RunRecord};
 use super::request::{HomeMode, Net, SandboxRequest};
@@ -84,7 +85,10 @@ fn send_failure(sock: &UnixStream, f: &Failure) {
 pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
     preflight::check(req)?;
     let ids = Ids::for_command();
-    let plan = plan::build(req, &plan::RealHost);
+    let mut history = RunHistory::prepare(req, knobs)?;
+    let mut viewed = req.clone();
+    viewed.binds.push(history.view_bind());
+    let plan = plan::build(&viewed, &plan::RealHost);
     std::fs::create_dir_all(req.project_dir.join("runs"))
         .map_err(|e| io_err(&req.project_dir.display().to_string(), e))?;
     let mut rec = new_record(req, &plan, ids);
@@ -106,7 +110,7 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
         }
     };
     drop(inside);
-    let result = supervise(req, knobs, &sup, outer, &mut rec);
+    let result = supervise(req, knobs, &sup, outer, &mut rec, &mut history);
     ns::unblock_signals(&ns::FORWARDED);
     record::remove_live(&req.project_dir, supervisor);
     rec.ended = Some(record::now());
@@ -114,6 +118,7 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
         Ok(code) => rec.exit_status = Some(*code),
         Err(e) => rec.error = Some(format!("{}: {e}", e.code())),
     }
+    rec.history = history.record.clone();
     if let Err(e) = rec.write(&req.project_dir) {
         tracing::warn!("cannot write the run record: {e}");
     }
@@ -163,6 +168,7 @@ fn new_record(req: &SandboxRequest, plan: &[Op], ids: Ids) -> RunRecord {
         ended: None,
         exit_status: None,
         error: None,
+        history: Default::default(),
     }
 }
 
@@ -173,8 +179,12 @@ fn supervise(
     sup: &UnixStream,
     outer: i32,
     rec: &mut RunRecord,
+    history: &mut RunHistory,
 ) -> Result<i32, SandboxError> {
-    let prepared = match server::prepare(&req.db, false, knobs) {
+    let prepared = history
+        .adopt(outer)
+        .and_then(|_| server::prepare(&req.db, false, knobs).map_err(preflight::store_error));
+    let prepared = match prepared {
         Ok(p) => p,
         Err(e) => {
             // Closing the socket tells pid 1 to stop before it mounts the project.
@@ -183,9 +193,11 @@ fn supervise(
                 nix::sys::socket::Shutdown::Both,
             );
             let _ = ns::wait_child(outer);
-            return Err(preflight::store_error(e));
+            return Err(e);
         }
     };
+    history.listen();
+    let server_store = prepared.store();
     send(sup, b"G");
     let mut prepared = Some(prepared);
     let mut server_thread = None;
@@ -223,7 +235,10 @@ fn supervise(
                     server: std::process::id() as i32,
                     started: rec.started,
                     source: req.source.clone(),
+                    cgroup: history.cgroup_path(),
                 };
+                history.start(pid1, server_store.clone());
+                rec.history = history.record.clone();
                 if let Err(e) = record::write_live(&req.project_dir, &marker) {
                     tracing::warn!("cannot write the live marker: {e}");
                 }
@@ -240,10 +255,16 @@ fn supervise(
     }
     let status = ns::wait_child(outer).map_err(|e| io_err("waiting for the sandbox", e));
     done.store(true, Ordering::SeqCst);
+    // A checkpoint in progress holds the mount open: the watcher ends first.
+    history.stop();
     // The namespaces died with their last process, and the mount with them: the kernel ends
     // the connection and the server commits everything behind its barrier and returns.
     let served = server_thread.map(|t| t.join());
-    // history: exit snapshot goes here (the command has exited and the delta is committed).
+    if failure.is_none() && matches!(served, Some(Ok(Ok(())))) {
+        if let Err(e) = history.exit_snapshot(status.as_ref().ok().copied()) {
+            eprintln!("agentfs: exit snapshot failed: {e}");
+        }
+    }
     if let Some(f) = failure {
         return Err(f);
     }
@@ -562,6 +583,10 @@ fn join(req: &SandboxRequest, live: &LiveMarker) -> Result<i32, SandboxError> {
             let setns = |f: &std::fs::File, k: CloneFlags| {
                 nix::sched::setns(f, k).map_err(|e| std::io::Error::from_raw_os_error(e as i32))
             };
+            // Into the sandbox's cgroup ("0" is the writer), so checkpoints freeze it too.
+            if let Some(cg) = &live.cgroup {
+                let _ = std::fs::write(cg.join("cgroup.procs"), "0");
+            }
             let mut step = Ok(());
             if !ids.root {
                 step = setns(&user, CloneFlags::CLONE_NEWUSER);

@@ -7,6 +7,7 @@
 //! inside); `record` keeps the live marker and what each run enforced. docs/sandbox.md states
 //! the view and the policy.
 
+mod history;
 mod launch;
 pub mod plan;
 pub mod policy;
@@ -59,6 +60,10 @@ pub enum SandboxError {
     Server(String),
     #[error("{0}")]
     Io(String),
+    #[error("{0}")]
+    Config(String),
+    #[error("no cgroup can be made to freeze the sandbox for checkpoints ({0}); AGENTFS_CHECKPOINT_FREEZE=auto runs with unfrozen checkpoints, =off never freezes")]
+    FreezerUnavailable(String),
 }
 
 impl SandboxError {
@@ -79,6 +84,8 @@ impl SandboxError {
             SandboxError::CommandFailed(_) => "command_failed",
             SandboxError::Server(_) => "server_failed",
             SandboxError::Io(_) => "io",
+            SandboxError::Config(_) => "bad_config",
+            SandboxError::FreezerUnavailable(_) => "freezer_unavailable",
         }
     }
 

@@ -19,6 +19,9 @@ pub struct LiveMarker {
     /// Unix seconds.
     pub started: u64,
     pub source: PathBuf,
+    /// The cgroup checkpoints freeze (`exec` puts its command there too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<PathBuf>,
 }
 
 /// One mount of the view and the mode it ended with.
@@ -57,6 +60,20 @@ pub struct RunRecord {
     pub exit_status: Option<i32>,
     /// The named error when the run did not start or its server failed.
     pub error: Option<String>,
+    /// What the run did for the project's history.
+    #[serde(default)]
+    pub history: HistoryRecord,
+}
+
+/// The history side of a run (docs/history.md).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HistoryRecord {
+    /// How checkpoints stop the sandbox: `cgroup <path>` (frozen), `unfrozen: <why>`, or `off
+    /// ...` (AGENTFS_CHECKPOINT_FREEZE=off).
+    pub freezer: String,
+    /// The exit snapshot's commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_snapshot: Option<String>,
 }
 
 pub fn now() -> u64 {

@@ -107,6 +107,11 @@ impl Prepared {
         &self.db
     }
 
+    /// The store the server will serve (its barrier is `Store::sync`).
+    pub fn store(&self) -> Arc<Store> {
+        self.store.clone()
+    }
+
     /// Serve the FUSE connection `fd` until the kernel closes it (unmount, or the last
     /// process of a sandbox's mount namespace exits). Returns after a clean shutdown, or with
     /// [`ServerError::Lost`] when a failed commit lost acknowledged work.

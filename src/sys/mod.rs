@@ -2,6 +2,7 @@
 //! With `transport/`, this is the only home of `unsafe`.
 
 pub mod beneath;
+pub mod cgroup;
 pub mod ids;
 pub mod lock;
 pub mod memory;

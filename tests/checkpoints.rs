@@ -1,0 +1,303 @@
+//! History through real sandbox runs: the exit snapshot, `agentfs checkpoint` inside and
+//! outside, automatic checkpoints after a pause and at the ceiling, retention, and the
+//! freezer's consistent cut under a writer that never stops.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Output;
+
+use agentfs::history::db;
+use agentfs::history::object::{decode_commit, decode_tree, Hash, Target};
+use common::world::{err, launched, World};
+use serde_json::Value;
+
+/// Where the view shows the test binary (the build tree is not in the view).
+const BIN_IN_VIEW: &str = "/tmp/agentfs";
+
+struct Run {
+    w: World,
+    src: PathBuf,
+}
+
+impl Run {
+    fn new() -> Option<Run> {
+        if !common::fuse_or_skip("checkpoints") {
+            return None;
+        }
+        let w = World::new(None);
+        let src = w.source("src");
+        let o = w.af(&["init", "p", "--source", src.to_str().unwrap()]);
+        launched(&o);
+        Some(Run { w, src })
+    }
+
+    /// `agentfs run p -- sh -c SCRIPT` with the binary at [`BIN_IN_VIEW`] and `env` knobs.
+    fn run(&self, script: &str, env: &[(&str, &str)]) -> Output {
+        let bind = format!("{}:{BIN_IN_VIEW}", common::bin().display());
+        let mut c = self.w.command(
+            &common::bin(),
+            &["run", "p", "--ro-bind", &bind, "--", "sh", "-c", script],
+        );
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        let o = self.w.af(&all);
+        assert!(o.status.success(), "{all:?}: {}", err(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+
+    fn store(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open(self.w.root().join("p/store/history.db")).unwrap()
+    }
+
+    /// The bytes of file `name` (at the root) in the state of commit `hex`, None when absent.
+    fn file_at(&self, c: &rusqlite::Connection, hex: &str, name: &str) -> Option<Vec<u8>> {
+        let h: Hash = (0..32)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect::<Vec<u8>>()
+            .try_into()
+            .unwrap();
+        let commit = decode_commit(&db::get(c, &h).unwrap().1).unwrap();
+        let tree = decode_tree(&db::get(c, &commit.state.tree()).unwrap().1).unwrap();
+        let e = tree.iter().find(|e| e.name == name.as_bytes())?;
+        match &e.target {
+            Target::File { blob, .. } => Some(db::get(c, blob).unwrap().1),
+            _ => None,
+        }
+    }
+}
+
+fn kinds(log: &Value) -> Vec<(String, String)> {
+    log.as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["kind"].as_str().unwrap().to_string(),
+                c["message"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn checkpoints(log: &Value) -> Vec<&Value> {
+    log.as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["kind"] == "checkpoint")
+        .collect()
+}
+
+#[test]
+fn run_takes_an_exit_snapshot_with_what_the_command_wrote() {
+    let Some(r) = Run::new() else { return };
+    launched(&r.run("echo x > f", &[("AGENTFS_CHECKPOINT_IDLE_MS", "0")]));
+    let log = r.json(&["log", "p"]);
+    let head = &log[0];
+    assert_eq!(head["kind"], "exit", "{log}");
+    assert_eq!(head["message"], "exit 0");
+    let c = r.store();
+    let f = r.file_at(&c, head["commit"].as_str().unwrap(), "f");
+    assert_eq!(f.as_deref(), Some(&b"x\n"[..]));
+    // The run record names it, and the freezer the run had.
+    let status = r.json(&["status", "p"]);
+    let rec = &status["projects"][0]["last_run"]["history"];
+    assert_eq!(rec["exit_snapshot"], head["commit"], "{status}");
+    assert!(
+        rec["freezer"].as_str().unwrap().starts_with("cgroup "),
+        "{status}"
+    );
+    // The exit status is the command's, and a failing command is recorded too.
+    let o = r.run(
+        "echo y >> f; exit 3",
+        &[("AGENTFS_CHECKPOINT_IDLE_MS", "0")],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", err(&o));
+    let log = r.json(&["log", "p"]);
+    assert_eq!(kinds(&log)[0], ("exit".into(), "exit 3".into()));
+    assert_eq!(log.as_array().unwrap().len(), 2);
+    assert!(!r.src.join("f").exists(), "the host tree is untouched");
+}
+
+#[test]
+fn checkpoint_inside_waits_for_the_commit_and_outside_does_nothing() {
+    let Some(r) = Run::new() else { return };
+    // The checkpoint holds `before`, not `after`, which is written once the command returns.
+    let script = format!(
+        "echo one > before && {BIN_IN_VIEW} checkpoint --json > /tmp/cp.json && \
+         echo two > after && cat /tmp/cp.json"
+    );
+    let o = r.run(&script, &[("AGENTFS_CHECKPOINT_IDLE_MS", "0")]);
+    launched(&o);
+    let reply: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(reply["sandbox"], true, "{reply}");
+    let hash = reply["commit"].as_str().unwrap().to_string();
+    let list = r.json(&["list", "p"]);
+    let listed = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["commit"] == hash.as_str())
+        .unwrap_or_else(|| panic!("{hash} not listed: {list}"));
+    assert_eq!(listed["kind"], "checkpoint");
+    assert!(
+        listed["message"].as_str().unwrap().starts_with("requested"),
+        "{listed}"
+    );
+    let c = r.store();
+    assert_eq!(
+        r.file_at(&c, &hash, "before").as_deref(),
+        Some(&b"one\n"[..])
+    );
+    assert_eq!(r.file_at(&c, &hash, "after"), None);
+
+    // Outside a sandbox: exit 0, nothing printed, nothing recorded.
+    let before = r.json(&["list", "p"]).as_array().unwrap().len();
+    let o =
+        r.w.command(&common::bin(), &["checkpoint"])
+            .env_remove("AGENTFS_SANDBOX")
+            .output()
+            .unwrap();
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(o.stdout.is_empty() && o.stderr.is_empty());
+    assert_eq!(r.json(&["list", "p"]).as_array().unwrap().len(), before);
+}
+
+#[test]
+fn automatic_checkpoints_follow_pauses_and_the_ceiling() {
+    let Some(r) = Run::new() else { return };
+    // A pause longer than the idle time: one checkpoint, taken by the watcher alone.
+    let o = r.run(
+        "echo a > f; sleep 2; echo b > g",
+        &[
+            ("AGENTFS_CHECKPOINT_IDLE_MS", "300"),
+            ("AGENTFS_CHECKPOINT_MAX_S", "0"),
+        ],
+    );
+    launched(&o);
+    let log = r.json(&["log", "p"]);
+    let cps = checkpoints(&log);
+    assert_eq!(cps.len(), 1, "{log}");
+    assert!(cps[0]["message"].as_str().unwrap().starts_with("idle"));
+    let c = r.store();
+    let h = cps[0]["commit"].as_str().unwrap();
+    assert_eq!(r.file_at(&c, h, "f").as_deref(), Some(&b"a\n"[..]));
+    assert_eq!(r.file_at(&c, h, "g"), None);
+
+    // Writes every 50 ms for 4 s never pause for 1 s: no checkpoint without a ceiling...
+    let writer = "i=0; while [ $i -lt 80 ]; do echo $i > w; i=$((i+1)); sleep 0.05; done";
+    let busy = [
+        ("AGENTFS_CHECKPOINT_IDLE_MS", "1000"),
+        ("AGENTFS_CHECKPOINT_MAX_S", "0"),
+    ];
+    let n = checkpoints(&r.json(&["log", "p"])).len();
+    launched(&r.run(writer, &busy));
+    assert_eq!(checkpoints(&r.json(&["log", "p"])).len(), n);
+    // ... and with a 1 s ceiling, checkpoints at the ceiling only.
+    let ceiling = [
+        ("AGENTFS_CHECKPOINT_IDLE_MS", "1000"),
+        ("AGENTFS_CHECKPOINT_MAX_S", "1"),
+    ];
+    launched(&r.run(writer, &ceiling));
+    let log = r.json(&["log", "p"]);
+    let new: Vec<&Value> = checkpoints(&log)
+        .into_iter()
+        .take_while(|c| c["commit"] != cps[0]["commit"])
+        .collect();
+    assert!(new.len() >= 2, "{log}");
+    for c in &new {
+        assert!(c["message"].as_str().unwrap().starts_with("ceiling"), "{c}");
+    }
+}
+
+#[test]
+fn retention_prunes_old_checkpoints_and_gc_drops_only_their_objects() {
+    let Some(r) = Run::new() else { return };
+    // Nine checkpoints, each with a file of its own.
+    let script = format!(
+        "i=0; while [ $i -lt 9 ]; do echo $i > f$i; {BIN_IN_VIEW} checkpoint >/dev/null || exit 9; \
+         i=$((i+1)); done"
+    );
+    let env = [
+        ("AGENTFS_CHECKPOINT_IDLE_MS", "0"),
+        ("AGENTFS_CHECKPOINT_KEEP", "3"),
+    ];
+    launched(&r.run(&script, &env));
+    let log = r.json(&["log", "p"]);
+    let cps = checkpoints(&log);
+    assert_eq!(cps.len(), 9, "{log}");
+    // HEAD's parent, then the newest three, then one per hour (the same hour: none more).
+    let kept = cps.iter().filter(|c| c["pruned"] == false).count();
+    let pruned: Vec<&&Value> = cps.iter().filter(|c| c["pruned"] == true).collect();
+    assert!(kept == 4 || kept == 5, "{log}");
+    assert_eq!(kept + pruned.len(), 9);
+    assert!(cps[..4].iter().all(|c| c["pruned"] == false), "{log}");
+    let gone = pruned[0]["commit"].as_str().unwrap();
+    let o = r.w.af(&["restore", "p", gone]);
+    assert!(!o.status.success());
+    assert!(err(&o).contains("pruned"), "{}", err(&o));
+    // gc: the dry run and the real run agree, and the store stays sound.
+    let dry = r.json(&["gc", "p", "--dry-run"]);
+    assert!(dry["count"].as_u64().unwrap() >= 1, "{dry}");
+    let real = r.json(&["gc", "p"]);
+    assert_eq!(dry["objects"], real["objects"]);
+    let check = r.json(&["gc", "p", "--check"]);
+    assert_eq!(check["findings"], serde_json::json!([]), "{check}");
+    // Every commit is still in the log, and the kept ones restore.
+    assert_eq!(checkpoints(&r.json(&["log", "p"])).len(), 9);
+    let o =
+        r.w.af(&["restore", "p", cps[2]["commit"].as_str().unwrap()]);
+    launched(&o);
+}
+
+#[test]
+fn frozen_checkpoints_never_split_a_pair_of_writes() {
+    let Some(r) = Run::new() else { return };
+    // The writer writes A then B with the same counter, forever; the requester asks for
+    // checkpoints back to back. Every checkpoint must hold a state the writer passed through:
+    // A equal to B, or A one ahead.
+    let script = format!(
+        "( i=0; while :; do i=$((i+1)); echo $i > A; echo $i > B; done ) & \
+         n=0; start=$(date +%s); \
+         while [ $n -lt 200 ] && [ $(( $(date +%s) - start )) -lt 60 ]; do \
+           {BIN_IN_VIEW} checkpoint >/dev/null || exit 9; n=$((n+1)); done; \
+         kill $!; echo $n"
+    );
+    let env = [
+        ("AGENTFS_CHECKPOINT_IDLE_MS", "0"),
+        ("AGENTFS_CHECKPOINT_KEEP", "0"),
+    ];
+    let o = r.run(&script, &env);
+    launched(&o);
+    let asked: usize = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    assert!(asked >= 50, "only {asked} checkpoints in 60 s");
+    let log = r.json(&["log", "p"]);
+    let cps = checkpoints(&log);
+    let c = r.store();
+    // `echo N > F` truncates, then writes: an empty file is a state the writer passes
+    // through. Two numbers must be equal, or A one ahead; B ahead of A is a torn cut.
+    let num = |b: Option<Vec<u8>>| -> Option<u64> {
+        b.and_then(|b| String::from_utf8_lossy(&b).trim().parse().ok())
+    };
+    let mut seen = 0;
+    for cp in &cps {
+        assert!(cp["message"].as_str().unwrap().contains("(frozen)"), "{cp}");
+        let h = cp["commit"].as_str().unwrap();
+        if let (Some(a), Some(b)) = (num(r.file_at(&c, h, "A")), num(r.file_at(&c, h, "B"))) {
+            assert!(a == b || a == b + 1, "checkpoint {h}: A={a} B={b}");
+            seen += 1;
+        }
+    }
+    eprintln!(
+        "{asked} checkpoints asked, {} recorded, {seen} with both files",
+        cps.len()
+    );
+    assert!(seen >= 50);
+}
