@@ -264,9 +264,9 @@ fn frozen_checkpoints_never_split_a_pair_of_writes() {
     // checkpoints back to back. Every checkpoint must hold a state the writer passed through:
     // A equal to B, or A one ahead.
     let script = format!(
-        "( i=0; while :; do i=$((i+1)); echo $i > A; echo $i > B; done ) & \
+        "( i=0; while :; do i=$((i+1)); printf '%08d' $i 1<>A; printf '%08d' $i 1<>B; done ) & \
          n=0; start=$(date +%s); \
-         while [ $n -lt 200 ] && [ $(( $(date +%s) - start )) -lt 60 ]; do \
+         while [ $n -lt 60 ] && [ $(( $(date +%s) - start )) -lt 600 ]; do \
            {BIN_IN_VIEW} checkpoint >/dev/null || exit 9; n=$((n+1)); done; \
          kill $!; echo $n"
     );
@@ -277,12 +277,13 @@ fn frozen_checkpoints_never_split_a_pair_of_writes() {
     let o = r.run(&script, &env);
     launched(&o);
     let asked: usize = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
-    assert!(asked >= 50, "only {asked} checkpoints in 60 s");
+    // A count, not a rate: a loaded machine takes longer, the 600 s cap only ends a hang.
+    assert_eq!(asked, 60, "only {asked} checkpoints in 600 s");
     let log = r.json(&["log", "p"]);
     let cps = checkpoints(&log);
     let c = r.store();
-    // `echo N > F` truncates, then writes: an empty file is a state the writer passes
-    // through. Two numbers must be equal, or A one ahead; B ahead of A is a torn cut.
+    // Fixed-width numbers written in place (no truncate), so after the first round both
+    // files always hold one. They must be equal, or A one ahead; B ahead of A is a torn cut.
     let num = |b: Option<Vec<u8>>| -> Option<u64> {
         b.and_then(|b| String::from_utf8_lossy(&b).trim().parse().ok())
     };
@@ -299,5 +300,5 @@ fn frozen_checkpoints_never_split_a_pair_of_writes() {
         "{asked} checkpoints asked, {} recorded, {seen} with both files",
         cps.len()
     );
-    assert!(seen >= 50);
+    assert!(seen >= 50, "{seen} of {asked} checkpoints held both files");
 }
