@@ -266,6 +266,64 @@ fn snap_change_restore_undo_cycles_match_the_mounted_tree() {
 }
 
 #[test]
+fn hard_links_come_back_as_one_file_with_its_names() {
+    if !fuse_or_skip("hard_links_come_back_as_one_file_with_its_names") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let mut p = Project::new(base_tree);
+    let mnt = p.m.mnt.clone();
+    p.m.mount();
+    fs::write(mnt.join("z.txt"), "shared\n").unwrap();
+    fs::hard_link(mnt.join("z.txt"), mnt.join("sub/a.txt")).unwrap();
+    fs::hard_link(mnt.join("z.txt"), mnt.join("b.txt")).unwrap();
+    p.m.unmount();
+    p.json("snap", &["linked"]);
+    // Break the links: one name goes, another gets contents of its own.
+    p.m.mount();
+    fs::remove_file(mnt.join("b.txt")).unwrap();
+    fs::remove_file(mnt.join("sub/a.txt")).unwrap();
+    fs::write(mnt.join("sub/a.txt"), "apart\n").unwrap();
+    p.m.unmount();
+    p.json("snap", &[]);
+    p.json("restore", &["linked"]);
+    common::assert_consistent(&p.m.db);
+    p.m.mount();
+    let names = ["z.txt", "sub/a.txt", "b.txt"];
+    let st: Vec<fs::Metadata> = names
+        .iter()
+        .map(|n| fs::metadata(mnt.join(n)).unwrap())
+        .collect();
+    for (n, m) in names.iter().zip(&st) {
+        assert_eq!(m.ino(), st[0].ino(), "{n} is another file");
+        assert_eq!(m.nlink(), 3, "{n}");
+        assert_eq!(fs::read(mnt.join(n)).unwrap(), b"shared\n", "{n}");
+    }
+    // One file: a write through one name is read through the others.
+    fs::write(mnt.join("b.txt"), "written through b\n").unwrap();
+    assert_eq!(
+        fs::read(mnt.join("sub/a.txt")).unwrap(),
+        b"written through b\n"
+    );
+    p.m.unmount();
+    // The restored state snapshots as the state it came from.
+    p.json("restore", &["linked"]);
+    let again = p.json("snap", &[]);
+    let linked = p.json("log", &[]);
+    let tagged = linked
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["tags"][0] == "linked")
+        .unwrap();
+    assert_eq!(again["tree"], tagged["tree"], "{again} {tagged}");
+    assert_eq!(
+        p.json("gc", &["--check"])["findings"],
+        serde_json::json!([])
+    );
+}
+
+#[test]
 fn two_snapshots_sharing_1000_files_store_them_once() {
     if !fuse_or_skip("two_snapshots_sharing_1000_files_store_them_once") {
         return;

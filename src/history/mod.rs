@@ -241,6 +241,8 @@ struct Walk<'a, 'c> {
     cut: &'a UpperCut<'c>,
     ignore: &'a Ignore,
     cache: &'a HashMap<i64, (FileKey, Hash)>,
+    /// Regular files with more than one recorded name: inode -> the first name in byte order.
+    links: HashMap<u64, Vec<u8>>,
     seen: HashSet<i64>,
     fresh: Vec<(FileKey, Hash)>,
     report: SnapReport,
@@ -278,16 +280,52 @@ impl Walk<'_, '_> {
         Ok(h)
     }
 
-    /// The entry of `n`; `depth` bounds the recursion by the deepest possible path.
-    fn entry(&mut self, n: &Node, root: bool, depth: usize) -> Result<Entry, String> {
+    /// Every regular file the snapshot records under more than one name, with the first of
+    /// those names in byte order (ignored names are not recorded, so they do not count).
+    fn find_links(&mut self) {
+        let mut names: HashMap<u64, (usize, Vec<u8>)> = HashMap::new();
+        let mut dirs = vec![(self.cut.root.ino, b"/".to_vec())];
+        while let Some((ino, path)) = dirs.pop() {
+            for child in self.cut.children(ino) {
+                if self.ignore.name(&child.name) {
+                    continue;
+                }
+                let p = join(&path, &child.name);
+                match child.mode & libc::S_IFMT {
+                    libc::S_IFDIR => dirs.push((child.ino, p)),
+                    libc::S_IFREG => {
+                        let e = names.entry(child.ino.0).or_insert((0, p.clone()));
+                        e.0 += 1;
+                        if p < e.1 {
+                            e.1 = p;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.links = names
+            .into_iter()
+            .filter(|(_, (n, _))| *n > 1)
+            .map(|(ino, (_, first))| (ino, first))
+            .collect();
+    }
+
+    /// The entry of `n` at `path`; `depth` bounds the recursion by the deepest possible path.
+    fn entry(&mut self, n: &Node, path: &[u8], root: bool, depth: usize) -> Result<Entry, String> {
         self.report.entries += 1;
         let target = match n.mode & libc::S_IFMT {
             libc::S_IFDIR => Target::Dir {
-                tree: self.dir(n.ino, depth + 1)?,
+                tree: self.dir(n.ino, path, depth + 1)?,
             },
-            libc::S_IFREG => Target::File {
-                blob: self.blob(n)?,
-                size: n.size,
+            libc::S_IFREG => match self.links.get(&n.ino.0) {
+                Some(first) if first.as_slice() != path => Target::Link {
+                    path: first.clone(),
+                },
+                _ => Target::File {
+                    blob: self.blob(n)?,
+                    size: n.size,
+                },
             },
             libc::S_IFLNK => Target::Symlink {
                 target: self.cut.symlink(n.ino)?,
@@ -308,7 +346,7 @@ impl Walk<'_, '_> {
         })
     }
 
-    fn dir(&mut self, ino: Ino, depth: usize) -> Result<Hash, String> {
+    fn dir(&mut self, ino: Ino, path: &[u8], depth: usize) -> Result<Hash, String> {
         // A path has at most PATH_MAX / 2 components: deeper means a cycle of names.
         if depth > libc::PATH_MAX as usize / 2 {
             return Err(format!(
@@ -323,7 +361,7 @@ impl Walk<'_, '_> {
                 self.report.ignored += 1;
                 continue;
             }
-            entries.push(self.entry(child, false, depth)?);
+            entries.push(self.entry(child, &join(path, &child.name), false, depth)?);
         }
         let raw = encode_tree(&mut entries);
         let refs: Vec<Hash> = entries.iter().filter_map(Entry::child).collect();
@@ -332,7 +370,8 @@ impl Walk<'_, '_> {
 
     fn state(&mut self) -> Result<State, String> {
         let cut = self.cut;
-        let root = self.entry(&cut.root, true, 0)?;
+        self.find_links();
+        let root = self.entry(&cut.root, b"/", true, 0)?;
         self.report.entries -= 1;
         let mut paths: Vec<Vec<u8>> = Vec::new();
         for p in &cut.whiteouts {
@@ -361,6 +400,10 @@ fn ts(sec: i64, nsec: u32) -> Timespec {
 struct Fill<'a> {
     c: &'a Connection,
     files: Vec<(Ino, Hash, u64, (i64, u32))>,
+    /// Regular files made, by path (the targets of hard links).
+    by_path: HashMap<Vec<u8>, Ino>,
+    /// Hard links to make once every file exists: (directory path, name, target path).
+    links: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)>,
 }
 
 impl Fill<'_> {
@@ -388,16 +431,33 @@ impl Fill<'_> {
                 }
                 Target::Symlink { target } => Body::Symlink(target),
                 Target::Special => Body::Special,
+                Target::Link { path: to } => {
+                    self.links.push((path.to_vec(), e.name.clone(), to.clone()));
+                    continue;
+                }
             };
             let ino = w.add(path, &e.name, &Self::node(&e, body))?;
             match &e.target {
                 Target::Dir { tree } => self.dir(w, &join(path, &e.name), tree)?,
                 Target::File { blob, size } => {
+                    self.by_path.insert(join(path, &e.name), ino);
                     self.files
                         .push((ino, *blob, *size, (e.mtime_sec, e.mtime_nsec)))
                 }
                 _ => {}
             }
+        }
+        Ok(())
+    }
+
+    /// Make the hard links recorded in the state, after every file exists.
+    fn links(&mut self, w: &mut UpperWriter<'_>) -> Result<(), String> {
+        for (dir, name, to) in std::mem::take(&mut self.links) {
+            let ino = *self.by_path.get(&to).ok_or_else(|| {
+                let shown = String::from_utf8_lossy(&join(&dir, &name)).into_owned();
+                format!("{shown}: hard link to a file the state does not hold")
+            })?;
+            w.link(&dir, &name, ino)?;
         }
         Ok(())
     }
@@ -441,6 +501,7 @@ impl History {
                     cut,
                     ignore: o.ignore,
                     cache: &cache,
+                    links: HashMap::new(),
                     seen: HashSet::new(),
                     fresh: Vec::new(),
                     report: SnapReport::default(),
@@ -557,11 +618,14 @@ impl History {
             let mut fill = Fill {
                 c,
                 files: Vec::new(),
+                by_path: HashMap::new(),
+                links: Vec::new(),
             };
             let mut ctime = (0, 0);
             let kept = store.replace_upper(&|p: &[u8]| ignore.path(p), |w| {
                 w.root(&Fill::node(&state.root, Body::Dir))?;
                 fill.dir(w, b"/", &state.tree())?;
+                fill.links(w)?;
                 for p in &whiteouts {
                     w.whiteout(p)?;
                 }

@@ -62,6 +62,9 @@ pub enum Target {
     Symlink { target: Vec<u8> },
     /// FIFO, socket or device (type in the mode, device in rdev).
     Special,
+    /// Another name of the regular file recorded at `path` (absolute in the upper layer, the
+    /// first of its names in byte order): a hard link.
+    Link { path: Vec<u8> },
 }
 
 /// One named object of a directory (or, with an empty name, the root in a commit).
@@ -98,6 +101,8 @@ impl Entry {
             Target::Dir { .. } => "dir",
             Target::Symlink { .. } => "symlink",
             Target::Special => "special",
+            // A second name of a regular file is a file to whoever reads the diff.
+            Target::Link { .. } => "file",
         }
     }
 
@@ -307,6 +312,10 @@ fn enc_entry(e: &mut Enc, x: &Entry) {
             e.bytes(target);
         }
         Target::Special => e.u8(4),
+        Target::Link { path } => {
+            e.u8(5);
+            e.bytes(path);
+        }
     }
 }
 
@@ -336,6 +345,7 @@ fn dec_entry(d: &mut Dec<'_>) -> Result<Entry, String> {
         2 => Target::Dir { tree: d.hash()? },
         3 => Target::Symlink { target: d.bytes()? },
         4 => Target::Special,
+        5 => Target::Link { path: d.bytes()? },
         t => return Err(format!("bad entry type {t}")),
     };
     Ok(Entry {

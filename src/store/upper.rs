@@ -231,6 +231,22 @@ impl UpperWriter<'_> {
         Ok(ino)
     }
 
+    /// Give regular file `ino` (made by [`UpperWriter::add`]) one more name: `name` in the
+    /// directory at `parent_path`.
+    pub fn link(&mut self, parent_path: &[u8], name: &[u8], ino: Ino) -> Result<(), String> {
+        let shown = String::from_utf8_lossy(&join(parent_path, name)).into_owned();
+        let parent = *self
+            .dirs
+            .get(parent_path)
+            .ok_or_else(|| format!("{shown}: parent directory missing"))?;
+        namespace::insert_dentry(self.c, parent, name, ino).map_err(errno(&shown))?;
+        self.c
+            .prepare_cached("UPDATE fs_inode SET nlink = nlink + 1 WHERE ino = ?1")
+            .and_then(|mut st| st.execute([ino.0 as i64]))
+            .map_err(sql(&shown))?;
+        Ok(())
+    }
+
     /// The ctime every restored object gets.
     pub fn now(&self) -> Timespec {
         self.now
