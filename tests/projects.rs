@@ -153,7 +153,13 @@ fn status_shows_where_a_project_stands() {
         v["projects"][0]["position"].clone()
     };
     let text = |w: &World| String::from_utf8_lossy(&w.af(&["status", "pos"]).stdout).into_owned();
-    launched(&w.af(&["quick", src.to_str().unwrap(), "--", "true"]));
+    launched(&w.af(&[
+        "init",
+        "--project",
+        "pos",
+        "--source",
+        src.to_str().unwrap(),
+    ]));
     let p = position(&w);
     assert!(p["head"].is_null(), "{p}");
     assert_eq!(p["unapplied_changes"], 0, "{p}");
@@ -162,11 +168,14 @@ fn status_shows_where_a_project_stands() {
         "{}",
         text(&w)
     );
+    // A run ends with an exit snapshot: HEAD is that one.
     let script = "echo new > a.txt && echo more >> README";
     launched(&w.af(&["run", "pos", "--", "sh", "-c", script]));
-    assert_eq!(position(&w)["unapplied_changes"], 2);
+    let p = position(&w);
+    assert_eq!(p["unapplied_changes"], 2, "{p}");
+    let exit = p["head"]["hash"].as_str().unwrap().to_string();
     assert!(
-        text(&w).contains("no snapshots, 2 unapplied"),
+        text(&w).contains(&format!("{}, 2 unapplied", &exit[..12])),
         "{}",
         text(&w)
     );
