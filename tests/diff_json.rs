@@ -27,13 +27,7 @@ fn diff_reads_one_cut_and_escapes_non_utf8_paths() {
     let base = m.dir.path().join("base");
     fs::create_dir(&base).unwrap();
     fs::write(base.join("keep.txt"), b"keep\n").unwrap();
-    let init = agentfs(&[
-        "init",
-        m.db.to_str().unwrap(),
-        "--base",
-        base.to_str().unwrap(),
-    ]);
-    assert!(init.status.success(), "{init:?}");
+    common::init_overlay(&m.db, &base);
     m.mount();
 
     write_synced(&m.path("cut.txt"), b"one\n");

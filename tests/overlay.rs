@@ -83,21 +83,6 @@ fn overlay_gate_passes_on_agentfs_over_io_uring() {
     agentfs_leg("overlay_gate_passes_on_agentfs_over_io_uring", "Y");
 }
 
-/// `agentfs init DB --base BASE`, which must succeed.
-fn init_overlay(db: &std::path::Path, base: &std::path::Path) {
-    let out = common::agentfs(&[
-        "init",
-        db.to_str().unwrap(),
-        "--base",
-        base.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A tmpfs mounted for a test; detached when dropped (lazily: a server that still holds the
 /// base open when a failed test unwinds must not keep it mounted).
 struct Tmpfs(std::path::PathBuf);
@@ -144,7 +129,7 @@ fn overlay_inode_numbers_never_collide_with_the_base() {
         base_inos.iter().all(|&i| i < 100),
         "tmpfs numbers from 1: {base_inos:?}"
     );
-    init_overlay(&m.db, &base);
+    common::init_overlay(&m.db, &base);
     m.mount();
     for i in 0..40 {
         std::fs::write(m.path(&format!("n{i:02}")), b"new").unwrap();
@@ -235,7 +220,7 @@ fn random_operations_match_kernel_overlayfs() {
             .success();
         assert!(ok, "mount overlayfs");
         let kernel = KernelOverlay(top.join("ovl"));
-        init_overlay(&m.db, &base);
+        common::init_overlay(&m.db, &base);
         let pristine = snapshot(&base);
         m.mount();
         let (mut ra, mut rb) = (Rng(seed * 0x51_7cc1), Rng(seed * 0x51_7cc1));
@@ -291,7 +276,7 @@ fn apply_keeps_and_carries_owners() {
     std::fs::set_permissions(base.join("pub"), std::fs::Permissions::from_mode(0o777)).unwrap();
     std::fs::write(base.join("own.txt"), b"old").unwrap();
     std::os::unix::fs::chown(base.join("own.txt"), Some(uid), Some(gid)).unwrap();
-    init_overlay(&m.db, &base);
+    common::init_overlay(&m.db, &base);
     m.mount();
     std::fs::write(m.path("own.txt"), b"rewritten by root").unwrap();
     std::fs::write(m.path("rootfile"), b"root's").unwrap();

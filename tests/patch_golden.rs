@@ -451,13 +451,7 @@ fn patches_are_byte_identical_to_git_diff() {
     change(&repo);
     git(&repo, &home, &["add", "-A"]);
 
-    let init = agentfs(&[
-        "init",
-        m.db.to_str().unwrap(),
-        "--base",
-        base.to_str().unwrap(),
-    ]);
-    assert!(init.status.success(), "{init:?}");
+    common::init_overlay(&m.db, &base);
     m.mount();
     change(&m.mnt);
     m.unmount();

@@ -93,7 +93,7 @@ fn position(p: &Project) -> Value {
     let store = p.dir.join(project::HISTORY);
     let head = if store.is_dir() {
         crate::history::History::open(&store)
-            .and_then(|mut h| h.log())
+            .and_then(|mut h| h.log_upto(1))
             .map(|log| log.into_iter().next())
     } else {
         Ok(None)

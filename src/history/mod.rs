@@ -741,13 +741,18 @@ impl History {
 
     /// The history back from HEAD, newest first.
     pub fn log(&mut self) -> Result<Vec<CommitInfo>, String> {
+        self.log_upto(usize::MAX)
+    }
+
+    /// The first `n` commits of [`History::log`] (1: HEAD's alone, without reading the rest).
+    pub fn log_upto(&mut self, n: usize) -> Result<Vec<CommitInfo>, String> {
         self.db.read(|c| {
             let sqle = |e: rusqlite::Error| format!("history: {e}");
             let head = db::head(c).map_err(sqle)?;
             let tags = db::tags(c).map_err(sqle)?;
             let mut out = Vec::new();
             let mut next = head;
-            while let Some(h) = next {
+            while let Some(h) = next.filter(|_| out.len() < n) {
                 let i = info(c, h, &head, &tags)?;
                 next = i.commit.parent;
                 out.push(i);

@@ -113,7 +113,7 @@ impl RunHistory {
     /// stale one is replaced) and the watcher's view of the delta's commits.
     pub fn listen(&mut self) {
         self.activity = Some(Activity::open(&self.delta));
-        let path = checkpoint::socket_dir(&self.project_dir).join(checkpoint::SOCKET_NAME);
+        let path = self.socket();
         let _ = std::fs::remove_file(&path);
         let bound = UnixListener::bind(&path).and_then(|l| {
             l.set_nonblocking(true)?;
@@ -134,7 +134,7 @@ impl RunHistory {
     pub fn start(&mut self, pid1: i32, server: Arc<Store>) {
         let target = Target {
             delta: self.delta.clone(),
-            store_dir: self.project_dir.join("store"),
+            store_dir: self.project_dir.join(crate::project::HISTORY),
             ignore: self.ignore.clone(),
             server,
             pid1,
@@ -159,9 +159,12 @@ impl RunHistory {
         if let Some(w) = self.watcher.take() {
             w.stop();
         }
-        let _ = std::fs::remove_file(
-            checkpoint::socket_dir(&self.project_dir).join(checkpoint::SOCKET_NAME),
-        );
+        let _ = std::fs::remove_file(self.socket());
+    }
+
+    /// The request socket, as the supervisor sees it.
+    fn socket(&self) -> PathBuf {
+        checkpoint::socket_dir(&self.project_dir).join(checkpoint::SOCKET_NAME)
     }
 
     /// The exit snapshot, after the server committed everything; recorded in the run record.
@@ -174,7 +177,7 @@ impl RunHistory {
             kind: CommitKind::Exit,
             ..SnapOptions::manual(&message, &self.ignore)
         };
-        let mut h = History::open(&self.project_dir.join("store"))?;
+        let mut h = History::open(&self.project_dir.join(crate::project::HISTORY))?;
         let r = h.snapshot(&self.delta, &o)?;
         self.record.exit_snapshot = r.commit.map(|c| hex(&c));
         if let Err(e) = h.prune_checkpoints(self.timing.keep) {

@@ -23,6 +23,21 @@ pub fn agentfs(args: &[&str]) -> Output {
         .expect("run agentfs")
 }
 
+/// `agentfs init DB --base BASE`, which must succeed.
+pub fn init_overlay(db: &Path, base: &Path) {
+    let out = agentfs(&[
+        "init",
+        db.to_str().unwrap(),
+        "--base",
+        base.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Whether mount tests can run here. With AGENTFS_REQUIRE_FUSE=1 a missing /dev/fuse or a
 /// non-root test run is a failure instead of a skip.
 pub fn fuse_or_skip(test: &str) -> bool {
