@@ -119,11 +119,18 @@ impl Idle {
 
     /// Called periodically with the count of requests served: once no request arrived for the
     /// idle period, the caches shrink to their floor and freed memory goes back to the system
-    /// (once per idle period). Pending WRITE data is left to the committer.
-    pub fn tick(&self, served: u64, store: &crate::store::Store) {
+    /// (once per idle period). Pending WRITE data is left to the committer. `background`: the
+    /// server did work of its own since the last call (an idle vacuum step, which fills the
+    /// writer's page cache); the give-back waits until that work has ended, and comes again
+    /// after it when it came before.
+    pub fn tick(&self, served: u64, background: bool, store: &crate::store::Store) {
         let mut last = self.last.lock();
         if last.0 != served {
             *last = (served, std::time::Instant::now(), false);
+            return;
+        }
+        if background {
+            last.2 = false;
             return;
         }
         if last.2 || last.1.elapsed() < self.after {

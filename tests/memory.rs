@@ -179,3 +179,62 @@ fn small_budget_bounds_rss_and_idle_gives_back_devfuse() {
 fn small_budget_bounds_rss_and_idle_gives_back_uring() {
     budget_holds("small_budget_bounds_rss_and_idle_gives_back_uring", true);
 }
+
+/// At the default budget, deleting a large file leaves free pages that the idle server hands
+/// back step by step (each step fills the writer's page cache). The memory give-back comes
+/// after the last step, so the idle server ends at its floor rather than holding the page
+/// cache the vacuum filled.
+#[test]
+fn idle_give_back_follows_the_idle_vacuum() {
+    let test = "idle_give_back_follows_the_idle_vacuum";
+    if !common::fuse_or_skip(test) {
+        return;
+    }
+    let m = Mounted::with_env(&[("AGENTFS_MEMORY_IDLE_MS", "1000")]);
+    let pid = m.server_pid();
+    let chunk: Vec<u8> = (0..MIB as usize).map(|i| (i % 253) as u8).collect();
+    let big = m.path("big");
+    let mut w = fs::File::create(&big).unwrap();
+    for _ in 0..160 {
+        w.write_all(&chunk).unwrap();
+    }
+    w.sync_all().unwrap();
+    drop(w);
+    fs::remove_file(&big).unwrap();
+    fs::write(m.path("marker"), b"synced").unwrap();
+    fs::File::open(m.path("marker"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+
+    // The idle vacuum hands the free pages back over several seconds.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let rec = common::settled_record(pid);
+        if rec.free_pages == 0 && rec.db_pages > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "free pages never handed back: {rec:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Then the give-back: within a few status ticks the resident set is at the floor.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let idle = loop {
+        let rss = agentfs::sys::memory::rss(Some(pid)).unwrap();
+        if rss <= IDLE_FLOOR_MIB * MIB || Instant::now() > deadline {
+            break rss;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        idle <= IDLE_FLOOR_MIB * MIB,
+        "idle RSS {} KiB after the vacuum: above the {IDLE_FLOOR_MIB} MiB floor",
+        idle / 1024
+    );
+    eprintln!("{test}: idle {} KiB", idle / 1024);
+    assert_eq!(fs::read(m.path("marker")).unwrap(), b"synced");
+    drop(m);
+}

@@ -233,8 +233,10 @@ impl Prepared {
                     while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
                         stopped.recv_timeout(tick)
                     {
-                        reporter.idle_vacuum(step);
-                        reporter.memory.tick(reporter.served(), &reporter.store);
+                        let vacuumed = reporter.idle_vacuum(step);
+                        reporter
+                            .memory
+                            .tick(reporter.served(), vacuumed, &reporter.store);
                         if register {
                             reporter.write();
                         }
@@ -327,14 +329,20 @@ impl Reporter {
 
     /// One vacuum step (at most `step` pages) when no request arrived since the last tick and
     /// nothing is pending.
-    fn idle_vacuum(&self, step: u64) {
+    /// Whether pages were handed back this time (the writer's page cache filled doing it).
+    fn idle_vacuum(&self, step: u64) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let now = self.served();
         let idle = self.served.swap(now, Relaxed) == now && self.store.pending_bytes() == 0;
-        if idle {
-            let pct = crate::knobs::get().vacuum_free_percent;
-            if let Err(e) = self.store.give_back(Some(step), pct) {
+        if !idle {
+            return false;
+        }
+        let pct = crate::knobs::get().vacuum_free_percent;
+        match self.store.give_back(Some(step), pct) {
+            Ok(handed) => handed > 0,
+            Err(e) => {
                 tracing::warn!("handing free pages back failed: {e}");
+                false
             }
         }
     }

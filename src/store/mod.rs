@@ -581,8 +581,8 @@ impl Store {
     /// Hand free pages back to the filesystem when they are at least `min_percent` of the
     /// database (`PRAGMA incremental_vacuum`, up to `max` pages, all with None;
     /// `auto_vacuum=INCREMENTAL` databases only), then fold the WAL into the main file and
-    /// truncate it, so the file shrinks. Returns the figures after.
-    pub fn give_back(&self, max: Option<u64>, min_percent: u64) -> Result<space::DbPages, Errno> {
+    /// truncate it, so the file shrinks. Returns how many pages were handed back.
+    pub fn give_back(&self, max: Option<u64>, min_percent: u64) -> Result<u64, Errno> {
         let before = self.pages()?;
         let pct = min_percent;
         if self.writer.is_none()
@@ -590,7 +590,7 @@ impl Store {
             || before.free == 0
             || before.free_percent() < pct
         {
-            return Ok(before);
+            return Ok(0);
         }
         if let Some(w) = &self.writer {
             let mut w = w.lock();
@@ -605,12 +605,12 @@ impl Store {
         }
         self.checkpoint()?;
         let after = self.pages()?;
+        let handed = before.free.saturating_sub(after.free);
         tracing::info!(
-            "handed {} free pages back to the filesystem ({} left)",
-            before.free.saturating_sub(after.free),
+            "handed {handed} free pages back to the filesystem ({} left)",
             after.free
         );
-        Ok(after)
+        Ok(handed)
     }
 
     /// An idle server's give-back: the caches shrink to an eighth of their capacity, idle
