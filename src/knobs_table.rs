@@ -109,6 +109,8 @@ knob_table! {
         "Tests: a missing /dev/fuse is a failure instead of a skip (CI sets 1).";
     bench_quick: Bool = false, [0, 1], Policy, "AGENTFS_BENCH_QUICK",
         "Benchmarks: the mount-level benches (workloads, transport) run their quick subset (smaller sizes, under 2 minutes).";
+    bench_budgets: Str = "", [0, 0], Policy, "AGENTFS_BENCH_BUDGETS",
+        "Benchmarks: the workloads bench adds an AgentFS column per memory budget listed here, in MiB, comma-separated (e.g. 16,256; the plain column runs at the default budget; empty = none).";
     bench_sandbox_n: U64 = 30, [1, 100000], Policy, "AGENTFS_BENCH_SANDBOX_N",
         "Benchmarks: launches of each kind the sandbox bench times (median and p99 of these).";
 }

@@ -128,6 +128,7 @@ impl<'a> OvMount<'a> {
                     &t.db(),
                     &t.mnt(),
                     &t.dir.join("server.log"),
+                    None,
                 )?);
             }
         }

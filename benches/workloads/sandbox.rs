@@ -179,7 +179,13 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
     };
     let size = if plan.quick { "quick" } else { "full" };
     let tree_s = host.join("tree").to_string_lossy().into_owned();
-    let mut cols = [Column::new("mount"), Column::new("sandbox")];
+    // The third column separates the view's cost from the history's: the same sandbox with
+    // automatic checkpoints off (each one freezes the runner and walks the delta).
+    let mut cols = [
+        Column::new("mount"),
+        Column::new("sandbox"),
+        Column::new("sandbox, no checkpoints"),
+    ];
     for rep in 0..plan.reps {
         for (i, col) in cols.iter_mut().enumerate() {
             if col.missing.is_some() {
@@ -189,7 +195,7 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
             let t0 = Instant::now();
             let res = fresh_delta().and_then(|()| {
                 if i == 0 {
-                    let m = AgentFsMount::start(bin, &db, &mnt, &dir.join("server.log"))?;
+                    let m = AgentFsMount::start(bin, &db, &mnt, &dir.join("server.log"), None)?;
                     let mut c = Command::new(&runner);
                     c.arg(RUNNER_ARG).arg(&mnt).arg(&tree_s).arg(size);
                     let r = drive(c, &|| m.memory("VmRSS"));
@@ -198,7 +204,7 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
                 } else {
                     let host_s = host.to_string_lossy().into_owned();
                     let runner_s = runner.to_string_lossy().into_owned();
-                    let c = af(&[
+                    let mut c = af(&[
                         "exec",
                         PROJECT,
                         "--ro-bind",
@@ -210,6 +216,10 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
                         &tree_s,
                         size,
                     ]);
+                    if i == 2 {
+                        c.env("AGENTFS_CHECKPOINT_IDLE_MS", "0")
+                            .env("AGENTFS_CHECKPOINT_MAX_S", "0");
+                    }
                     let live = projects.join(PROJECT);
                     drive(c, &|| {
                         let m = agentfs::sandbox::live(&live)?;
@@ -230,19 +240,23 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
         }
     }
     let mut s = String::from(
-        "| workload | unit | mount | sandbox | sandbox ÷ mount |\n|---|---|---|---|---|\n",
+        "| workload | unit | mount | sandbox | sandbox, no checkpoints | sandbox ÷ mount | \
+         no checkpoints ÷ mount |\n|---|---|---|---|---|---|---|\n",
     );
     for w in rows() {
         let _ = write!(s, "| {} | {} |", w.key, w.unit);
         for c in &cols {
             cell(&mut s, c.missing.is_some(), c.get(w.key), None);
         }
-        match (median(cols[0].get(w.key)), median(cols[1].get(w.key))) {
-            (Some(a), Some(b)) if a > 0.0 => {
-                let _ = writeln!(s, " {:.2} |", b / a);
+        for c in &cols[1..] {
+            match (median(cols[0].get(w.key)), median(c.get(w.key))) {
+                (Some(a), Some(b)) if a > 0.0 => {
+                    let _ = write!(s, " {:.2} |", b / a);
+                }
+                _ => s.push_str(" – |"),
             }
-            _ => s.push_str(" – |\n"),
         }
+        s.push('\n');
     }
     for c in &cols {
         if let Some(why) = &c.missing {
@@ -251,7 +265,7 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
     }
     let _ = writeln!(
         s,
-        "\nCells: median of {} runs [min–max], alternating mount and sandbox. rss_end: the mount's \
+        "\nCells: median of {} runs [min–max], alternating mount and the two sandboxes. rss_end: the mount's \
          server; the sandbox's server plus its pid 1. Throughput rows: a ratio under 1 is the \
          sandbox's cost.",
         plan.reps
