@@ -33,10 +33,12 @@ knob_table! {
         "Let the kernel send lookups and readdirs of one directory concurrently (0 = it serialises them per directory).";
     fuse_keep_cache: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_KEEP_CACHE",
         "With classic opens (AGENTFS_FUSE_NOOPEN=0): keep a file's page cache across opens (FOPEN_KEEP_CACHE). Zero-message opens always keep it.";
-    fuse_entry_ttl_ms: U64 = 1000, [0, 3600000], Policy, "AGENTFS_FUSE_ENTRY_TTL_MS",
-        "How long the kernel may cache a name lookup (positive entries), in milliseconds.";
-    fuse_attr_ttl_ms: U64 = 1000, [0, 3600000], Policy, "AGENTFS_FUSE_ATTR_TTL_MS",
-        "How long the kernel may cache attributes, in milliseconds.";
+    fuse_entry_ttl_ms: U64 = 60000, [0, 3600000], Policy, "AGENTFS_FUSE_ENTRY_TTL_MS",
+        "How long the kernel may cache a name lookup (positive entries), in milliseconds. Long, because the server is the database's only writer and tells the kernel about every change made behind the mount (AGENTFS_EXTERNAL_POLL_MS); capped by AGENTFS_FUSE_BASE_TTL_MS over a base directory and on kernels older than FUSE 7.44 (no way to make them revalidate every name).";
+    fuse_attr_ttl_ms: U64 = 60000, [0, 3600000], Policy, "AGENTFS_FUSE_ATTR_TTL_MS",
+        "How long the kernel may cache attributes, in milliseconds (capped by AGENTFS_FUSE_BASE_TTL_MS over a base directory).";
+    fuse_base_ttl_ms: U64 = 1000, [0, 3600000], Policy, "AGENTFS_FUSE_BASE_TTL_MS",
+        "Overlay mounts (a base directory under the delta): the most the kernel may cache names and attributes, in milliseconds, since changes made to the base directory directly are not watched.";
     fuse_negative_ttl_ms: U64 = 0, [0, 3600000], Policy, "AGENTFS_FUSE_NEGATIVE_TTL_MS",
         "How long the kernel may cache a failed lookup, in milliseconds (0 = never).";
     fuse_ino_files_cap: U64 = 256, [1, 65536], Policy, "AGENTFS_FUSE_INO_FILES_CAP",

@@ -78,6 +78,11 @@ pub trait Filesystem: Send + Sync {
     fn adopt_orphans(&self, refs: &LookupRefs) -> Result<(), Errno>;
     /// An entry this layer produced for `node` was not sent to the kernel after all.
     fn unused(&self, _node: Ino) {}
+    /// Whether names and attributes also come from a base directory, whose changes nobody
+    /// notifies (the kernel's cache timeouts are then capped by `AGENTFS_FUSE_BASE_TTL_MS`).
+    fn has_base(&self) -> bool {
+        false
+    }
     fn read(&self, node: Ino, offset: u64, size: u32) -> Result<Vec<u8>, Errno>;
     fn write(&self, node: Ino, offset: u64, data: &[u8]) -> Result<u32, Errno>;
     fn fallocate(&self, node: Ino, offset: u64, length: u64, mode: u32) -> Result<(), Errno>;

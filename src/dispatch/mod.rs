@@ -38,6 +38,27 @@ struct Ttls {
     entry: Duration,
     attr: Duration,
     negative: Duration,
+    /// Kernels before protocol 7.44 cannot be told to revalidate every cached name after an
+    /// external change (FUSE_NOTIFY_INC_EPOCH, `transport::watch`): their entries are capped
+    /// at this once the handshake says so.
+    entry_without_epoch: Duration,
+}
+
+impl Ttls {
+    /// The database has one server, and the watcher tells the kernel about every change made
+    /// behind the mount, so the kernel may trust its caches for long. A base directory's
+    /// changes are not watched: over one, every timeout is capped by the base timeout.
+    fn from_knobs(knobs: &Knobs, based: bool) -> Ttls {
+        let base = Duration::from_millis(knobs.fuse_base_ttl_ms);
+        let cap = |d: Duration| if based { d.min(base) } else { d };
+        let entry = cap(Duration::from_millis(knobs.fuse_entry_ttl_ms));
+        Ttls {
+            entry,
+            attr: cap(Duration::from_millis(knobs.fuse_attr_ttl_ms)),
+            negative: cap(Duration::from_millis(knobs.fuse_negative_ttl_ms)),
+            entry_without_epoch: entry.min(base),
+        }
+    }
 }
 
 /// Routes requests to the filesystem layer and keeps the kernel's lookup references.
@@ -73,15 +94,12 @@ fn name_ok(name: &[u8]) -> Result<&[u8], Errno> {
 
 impl Dispatcher {
     pub fn new(fs: Arc<dyn Filesystem>, knobs: &Knobs) -> Self {
+        let ttl = Ttls::from_knobs(knobs, fs.has_base());
         Self {
             fs,
             refs: LookupRefs::default(),
             victims: victims::RecentVictims::default(),
-            ttl: Ttls {
-                entry: Duration::from_millis(knobs.fuse_entry_ttl_ms),
-                attr: Duration::from_millis(knobs.fuse_attr_ttl_ms),
-                negative: Duration::from_millis(knobs.fuse_negative_ttl_ms),
-            },
+            ttl,
             knobs: knobs.clone(),
             negotiated: OnceLock::new(),
             fills: knobs.fuse_noopendir.then(fills::Fills::default),
@@ -517,10 +535,19 @@ impl Dispatcher {
         self.refs.add(e.node, 1);
         Reply::Data(reply::entry(&attr::entry_out(
             &e,
-            self.ttl.entry,
+            self.entry_ttl(),
             self.attr_ttl(e.node),
             self.owner(),
         )))
+    }
+
+    /// How long the kernel may cache a name: capped when the kernel cannot be told to
+    /// revalidate every name it holds.
+    fn entry_ttl(&self) -> Duration {
+        match self.negotiated.get() {
+            Some(n) if n.minor >= crate::transport::watch::INC_EPOCH_MINOR => self.ttl.entry,
+            _ => self.ttl.entry_without_epoch,
+        }
     }
 
     /// How long the kernel may cache `ino`'s attributes: not at all right after it lost one of

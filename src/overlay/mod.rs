@@ -634,6 +634,10 @@ enum Source {
 }
 
 impl Filesystem for Overlay {
+    fn has_base(&self) -> bool {
+        true
+    }
+
     fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Entry, Errno> {
         for _ in 0..RETRIES {
             let seen = self.nodes.generation();

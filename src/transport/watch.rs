@@ -119,7 +119,7 @@ impl Watcher {
 }
 
 /// The protocol minors that introduced FUSE_NOTIFY_INC_EPOCH and FUSE_NOTIFY_PRUNE.
-const INC_EPOCH_MINOR: u32 = 44;
+pub(crate) const INC_EPOCH_MINOR: u32 = 44;
 const PRUNE_MINOR: u32 = 45;
 /// Node ids per prune message (the kernel copies them in batches of this size).
 const PRUNE_BATCH: usize = 512;
