@@ -114,7 +114,13 @@ fn checkpoints(log: &Value) -> Vec<&Value> {
 #[test]
 fn run_takes_an_exit_snapshot_with_what_the_command_wrote() {
     let Some(r) = Run::new() else { return };
-    launched(&r.run("echo x > f", &[("AGENTFS_CHECKPOINT_IDLE_MS", "0")]));
+    // The command says which cgroup it is in (the v2 line of /proc/self/cgroup).
+    let o = r.run(
+        "echo x > f; sed -n 's/^0:://p' /proc/self/cgroup",
+        &[("AGENTFS_CHECKPOINT_IDLE_MS", "0")],
+    );
+    launched(&o);
+    let inside = String::from_utf8_lossy(&o.stdout).trim().to_string();
     let log = r.json(&["log", "p"]);
     let head = &log[0];
     assert_eq!(head["kind"], "exit", "{log}");
@@ -126,9 +132,13 @@ fn run_takes_an_exit_snapshot_with_what_the_command_wrote() {
     let status = r.json(&["status", "p"]);
     let rec = &status["projects"][0]["last_run"]["history"];
     assert_eq!(rec["exit_snapshot"], head["commit"], "{status}");
+    // Every process of the sandbox is in the run's cgroup, the command included (it is
+    // moved before the sandbox forks anything).
+    let freezer = rec["freezer"].as_str().unwrap();
+    assert!(freezer.starts_with("cgroup "), "{status}");
     assert!(
-        rec["freezer"].as_str().unwrap().starts_with("cgroup "),
-        "{status}"
+        inside.contains("/agentfs/p-") && freezer.ends_with(&inside),
+        "the command is in {inside:?}, the freezer is {freezer:?}"
     );
     // The exit status is the command's, and a failing command is recorded too.
     let o = r.run(
