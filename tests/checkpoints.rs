@@ -45,6 +45,16 @@ impl Run {
 
     /// [`Run::run`] with more options of `run` before the command.
     fn run_with(&self, options: &[&str], script: &str, env: &[(&str, &str)]) -> Output {
+        self.command(options, script, env).output().unwrap()
+    }
+
+    /// The command of [`Run::run_with`], not started.
+    fn command(
+        &self,
+        options: &[&str],
+        script: &str,
+        env: &[(&str, &str)],
+    ) -> std::process::Command {
         let bind = format!("{}:{BIN_IN_VIEW}", common::bin().display());
         let mut args = vec!["run", "p", "--ro-bind", &bind];
         args.extend_from_slice(options);
@@ -53,7 +63,7 @@ impl Run {
         for (k, v) in env {
             c.env(k, v);
         }
-        c.output().unwrap()
+        c
     }
 
     fn json(&self, args: &[&str]) -> Value {
@@ -436,4 +446,62 @@ fn an_ordinary_user_without_a_cgroup_gets_unfrozen_or_refused_runs() {
     );
     assert_eq!(rec["checkpoints"], 1, "{rec}");
     assert_eq!(rec["frozen_checkpoints"], 0, "{rec}");
+}
+
+/// While a sandbox runs on the project, `restore` and `undo` refuse (`sandbox_live`, exit 1)
+/// and change nothing; once it has ended they work.
+#[test]
+fn restore_and_undo_refuse_while_the_sandbox_runs() {
+    let Some(r) = Run::new() else { return };
+    let quiet = [("AGENTFS_CHECKPOINT_IDLE_MS", "0")];
+    launched(&r.run("echo one > f", &quiet));
+    let gate = r.w.base.join("gate");
+    std::fs::create_dir(&gate).unwrap();
+    // Root's command runs as another id (docs/sandbox.md): the gate is open to it.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&gate, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let bind = format!("{}:/gate", gate.display());
+    // The command writes, says it started, and waits (at most 600 s) for the test's go.
+    let script = "echo two > f; touch /gate/started; i=0; \
+                  while [ ! -e /gate/go ] && [ $i -lt 6000 ]; do sleep 0.1; i=$((i+1)); done";
+    let child = r
+        .command(&["--bind", &bind], script, &quiet)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The go file, also written when an assertion fails, so the sandbox never outlives the test.
+    struct Go(PathBuf);
+    impl Drop for Go {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, b"");
+        }
+    }
+    let go = Go(gate.join("go"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !gate.join("started").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sandbox did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let before = r.json(&["log", "p"]);
+    for verb in [vec!["restore", "p", "HEAD"], vec!["undo", "p"]] {
+        refused(&r.w.af(&verb), 1, "sandbox_live");
+    }
+    assert_eq!(r.json(&["log", "p"]), before, "the history changed");
+    drop(go);
+    launched(&child.wait_with_output().unwrap());
+    // The run's exit snapshot holds what it wrote; now an undo goes back before it.
+    let log = r.json(&["log", "p"]);
+    let c = r.store();
+    let head = log[0]["commit"].as_str().unwrap();
+    assert_eq!(r.file_at(&c, head, "f").as_deref(), Some(&b"two\n"[..]));
+    launched(&r.w.af(&["undo", "p"]));
+    let head = r.json(&["log", "p"])[0]["commit"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(r.file_at(&c, &head, "f").as_deref(), Some(&b"one\n"[..]));
 }

@@ -525,11 +525,14 @@ fn restore_refuses_while_a_sandbox_or_a_server_holds_the_delta() {
     let mut p = Project::new(|_| {});
     p.json("snap", &["t"]);
     let live = p.dir().join("live.json");
+    // Refused with one named line and exit 1, and nothing changed: the same history.
+    let before = p.json("log", &[]);
     let one_line = |out: &Output| {
-        assert!(!out.status.success());
+        assert_eq!(out.status.code(), Some(1));
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.contains("sandbox_live"), "{err}");
+        assert!(err.starts_with("agentfs: sandbox_live: "), "{err}");
+        assert!(out.stdout.is_empty());
     };
     let marker = |pid: u32| {
         format!(
@@ -539,12 +542,16 @@ fn restore_refuses_while_a_sandbox_or_a_server_holds_the_delta() {
     fs::write(&live, marker(std::process::id())).unwrap();
     one_line(&p.run(&["restore", &p.name, "t"]));
     one_line(&p.run(&["undo", &p.name]));
+    assert_eq!(p.json("log", &[]), before);
     // A live.json left by a sandbox that is gone does not block.
     fs::write(&live, marker(999_999_999)).unwrap();
     assert!(p.run(&["restore", &p.name, "t"]).status.success());
     fs::remove_file(&live).unwrap();
     p.m.mount();
+    let before = p.json("log", &[]);
     one_line(&p.run(&["restore", &p.name, "t"]));
+    one_line(&p.run(&["undo", &p.name]));
+    assert_eq!(p.json("log", &[]), before);
     // Snapshots, logs and diffs work while mounted.
     p.json("snap", &[]);
     p.json("diff", &["t", "HEAD"]);
