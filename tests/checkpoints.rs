@@ -303,7 +303,8 @@ fn frozen_checkpoints_never_split_a_pair_of_writes() {
     // checkpoints back to back (the watcher serves a request as it arrives). Every checkpoint
     // must hold a state the writer passed through: A equal to B, or A one ahead.
     let script = format!(
-        "( i=0; while :; do i=$((i+1)); printf '%08d' $i 1<>A; printf '%08d' $i 1<>B; done ) & \
+        "printf '%08d' 0 > A; printf '%08d' 0 > B; \
+         ( i=0; while :; do i=$((i+1)); printf '%08d' $i 1<>A; printf '%08d' $i 1<>B; done ) & \
          n=0; start=$(date +%s); \
          while [ $n -lt {FROZEN_ROUNDS} ] && [ $(( $(date +%s) - start )) -lt 600 ]; do \
            {BIN_IN_VIEW} checkpoint >/dev/null || exit 9; n=$((n+1)); done; \
@@ -327,8 +328,8 @@ fn frozen_checkpoints_never_split_a_pair_of_writes() {
     let log = r.json(&["log", "p"]);
     let cps = checkpoints(&log);
     let c = r.store();
-    // Fixed-width numbers written in place (no truncate), so after the first round both
-    // files always hold one. They must be equal, or A one ahead; B ahead of A is a torn cut.
+    // Both files hold a number before the first checkpoint, and the writer writes
+    // fixed-width numbers in place (no truncate), so every checkpoint holds both. They must be equal, or A one ahead; B ahead of A is a torn cut.
     let num = |b: Option<Vec<u8>>| -> Option<u64> {
         b.and_then(|b| String::from_utf8_lossy(&b).trim().parse().ok())
     };
@@ -357,9 +358,11 @@ fn frozen_checkpoints_never_split_a_pair_of_writes() {
         took.as_secs_f64(),
         rec["frozen_ms_max"]
     );
-    assert!(
-        seen >= FROZEN_ROUNDS - 10,
-        "{seen} of {asked} checkpoints held both files"
+    assert_eq!(
+        seen,
+        cps.len(),
+        "{seen} of {} checkpoints held both files",
+        cps.len()
     );
 }
 
