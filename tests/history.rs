@@ -575,3 +575,52 @@ fn restore_refuses_while_a_sandbox_or_a_server_holds_the_delta() {
     assert!(p.run(&["diff", s(&p.m.db)]).status.success());
     assert!(!p.run(&["diff", s(&p.m.db), "t"]).status.success());
 }
+
+/// The kernel's writeback cache stamps times from a clock that moves once per tick, so a
+/// rewrite of the same size just after a snapshot can leave size, mtime and ctime as they
+/// were. A file whose times are not older than the snapshot is not trusted by the next one.
+#[test]
+fn a_rewrite_that_leaves_the_times_as_they_were_is_read_again() {
+    use agentfs::store::{Caller, InitOptions, Ino, SetAttr, Store, TimeSet, Timespec};
+    let dir = tempfile::tempdir_in(common::scratch_root()).unwrap();
+    let db = dir.path().join("delta.db");
+    Store::create(&db, &InitOptions::default()).unwrap();
+    let store = Store::open(&db, false).unwrap();
+    // As under the writeback cache: WRITE leaves the times to the kernel.
+    store.set_kernel_owns_write_times(true);
+    let caller = Caller { uid: 0, gid: 0 };
+    let ino = store
+        .mknod(Ino::ROOT, b"f", libc::S_IFREG | 0o644, 0, caller)
+        .unwrap()
+        .ino;
+    store.write(ino, 0, b"one").unwrap();
+    // Stamped at the snapshot's own instant at the latest: here, deterministically, later.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let later = Timespec {
+        sec: now.as_secs() as i64 + 3600,
+        nsec: 0,
+    };
+    let set = SetAttr {
+        mtime: Some(TimeSet::At(later)),
+        ctime: Some(later),
+        ..SetAttr::default()
+    };
+    store.setattr(ino, &set).unwrap();
+    store.sync().unwrap();
+    let ignore = Ignore::default();
+    let mut h = History::open(&dir.path().join("store")).unwrap();
+    let first = h
+        .snapshot(&db, &SnapOptions::manual("one", &ignore))
+        .unwrap();
+    store.write(ino, 0, b"two").unwrap();
+    store.sync().unwrap();
+    let attr = store.getattr(ino).unwrap();
+    assert_eq!((attr.mtime, attr.ctime), (later, later), "the times stayed");
+    let second = h
+        .snapshot(&db, &SnapOptions::manual("two", &ignore))
+        .unwrap();
+    assert_eq!(second.files_hashed, 1, "the file was read again");
+    assert_ne!(first.tree, second.tree, "the new bytes are recorded");
+}
