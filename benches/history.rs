@@ -5,6 +5,12 @@
 //! cache is emptied (what the cache saves), and a restore of the 10,000-file state; then
 //! `git add -A && git commit` of the same tree cold and after the same 10 changes.
 //!
+//! Then the freeze time of automatic checkpoints: a sandbox (`agentfs run`) copies 10,000
+//! files into its project and asks for checkpoints with `agentfs checkpoint` (first, nothing
+//! changed, one file changed); each reports how long its sandbox stayed frozen (from the
+//! write that froze the cgroup to the write that thawed it), beside the supervisor's resident
+//! set (server and watcher) after it. Needs root and /dev/fuse; skipped otherwise.
+//!
 //! Run: `cargo bench --bench history`. Prints one line per step: time and bytes added.
 
 use std::path::Path;
@@ -205,6 +211,94 @@ fn main() {
         git_size(&tree) - before,
         "",
     );
+    freeze(dir.path(), &tree);
+}
+
+/// A figure (kB) of `pid`'s /proc status, 0 when it is gone.
+fn status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|t| {
+            let l = t.lines().find(|l| l.starts_with(key))?;
+            l.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Freeze time of checkpoints of a sandbox whose delta holds the 10,000 files of `tree`.
+fn freeze(scratch: &Path, tree: &Path) {
+    use std::io::Write as _;
+    if !agentfs::sys::ids::is_root() || !Path::new("/dev/fuse").exists() {
+        println!("freeze time: needs root and /dev/fuse, skipped");
+        return;
+    }
+    let bin = env!("CARGO_BIN_EXE_agentfs");
+    let home = scratch.join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    let agentfs = |args: &[&str]| {
+        let mut c = Command::new(bin);
+        c.args(args)
+            .env("HOME", &home)
+            .env_remove("AGENTFS_PROJECTS_DIR")
+            .env("AGENTFS_CHECKPOINT_IDLE_MS", "0");
+        c
+    };
+    let src = tree.to_str().expect("utf8");
+    let made = agentfs(&["init", "freeze", "--source", src])
+        .stdout(std::process::Stdio::null())
+        .status();
+    assert!(matches!(made, Ok(s) if s.success()), "agentfs init");
+    // `tree` is the project's base; the copy makes 10,000 changed files in its delta.
+    let inside = "/tmp/agentfs";
+    let script = format!(
+        "cd {src} && mkdir copy && cp -r d* copy/ && {inside} checkpoint --json && \
+         {inside} checkpoint --json && echo more >> copy/d0/f0.txt && \
+         {inside} checkpoint --json && read _"
+    );
+    let bind = format!("{bin}:{inside}");
+    let mut child = agentfs(&[
+        "run",
+        "freeze",
+        "--ro-bind",
+        &bind,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .expect("agentfs run");
+    let supervisor = child.id();
+    let out = child.stdout.take().expect("stdout");
+    let steps = [
+        "checkpoint freeze, 10,000 new files (first)",
+        "checkpoint freeze, nothing changed",
+        "checkpoint freeze, one file changed",
+    ];
+    // Each `checkpoint --json` prints one JSON object (over several lines).
+    let mut replies = serde_json::Deserializer::from_reader(out).into_iter::<serde_json::Value>();
+    for step in steps {
+        let Some(Ok(v)) = replies.next() else {
+            println!("{step}: the sandbox ended early");
+            break;
+        };
+        let ms = v["frozen_ms"].as_f64();
+        let rss = status_kib(supervisor, "VmRSS:") as f64 / 1024.0;
+        let hwm = status_kib(supervisor, "VmHWM:") as f64 / 1024.0;
+        match ms {
+            Some(ms) => println!(
+                "{step:<44} {ms:>9.1} ms frozen  supervisor RSS {rss:.1} MiB (peak {hwm:.1})"
+            ),
+            None => println!("{step:<44} not frozen (no cgroup)  supervisor RSS {rss:.1} MiB"),
+        }
+    }
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(b"\n");
+    }
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "agentfs run: {status}");
 }
 
 fn hex(h: &[u8; 32]) -> String {

@@ -9,7 +9,7 @@ use std::process::Output;
 
 use agentfs::history::db;
 use agentfs::history::object::{decode_commit, decode_tree, Hash, Target};
-use common::world::{err, launched, World};
+use common::world::{err, launched, refused, user_can_run, World, USER};
 use serde_json::Value;
 
 /// Where the view shows the test binary (the build tree is not in the view).
@@ -22,10 +22,16 @@ struct Run {
 
 impl Run {
     fn new() -> Option<Run> {
-        if !common::fuse_or_skip("checkpoints") {
+        Run::as_user(None)
+    }
+
+    /// A project of root's, or of `USER` when `user` is set (None: the test is skipped).
+    fn as_user(user: Option<u32>) -> Option<Run> {
+        if !common::fuse_or_skip("checkpoints") || (user.is_some() && !user_can_run("checkpoints"))
+        {
             return None;
         }
-        let w = World::new(None);
+        let w = World::new(user);
         let src = w.source("src");
         let o = w.af(&["init", "p", "--source", src.to_str().unwrap()]);
         launched(&o);
@@ -34,15 +40,30 @@ impl Run {
 
     /// `agentfs run p -- sh -c SCRIPT` with the binary at [`BIN_IN_VIEW`] and `env` knobs.
     fn run(&self, script: &str, env: &[(&str, &str)]) -> Output {
+        self.run_with(&[], script, env)
+    }
+
+    /// [`Run::run`] with more options of `run` before the command.
+    fn run_with(&self, options: &[&str], script: &str, env: &[(&str, &str)]) -> Output {
+        self.command(options, script, env).output().unwrap()
+    }
+
+    /// The command of [`Run::run_with`], not started.
+    fn command(
+        &self,
+        options: &[&str],
+        script: &str,
+        env: &[(&str, &str)],
+    ) -> std::process::Command {
         let bind = format!("{}:{BIN_IN_VIEW}", common::bin().display());
-        let mut c = self.w.command(
-            &common::bin(),
-            &["run", "p", "--ro-bind", &bind, "--", "sh", "-c", script],
-        );
+        let mut args = vec!["run", "p", "--ro-bind", &bind];
+        args.extend_from_slice(options);
+        args.extend_from_slice(&["--", "sh", "-c", script]);
+        let mut c = self.w.command(&common::bin(), &args);
         for (k, v) in env {
             c.env(k, v);
         }
-        c.output().unwrap()
+        c
     }
 
     fn json(&self, args: &[&str]) -> Value {
@@ -51,6 +72,11 @@ impl Run {
         let o = self.w.af(&all);
         assert!(o.status.success(), "{all:?}: {}", err(&o));
         serde_json::from_slice(&o.stdout).unwrap()
+    }
+
+    /// The history record of the project's last run (`status --json`).
+    fn last_run(&self) -> Value {
+        self.json(&["status", "p"])["projects"][0]["last_run"]["history"].clone()
     }
 
     fn store(&self) -> rusqlite::Connection {
@@ -98,7 +124,13 @@ fn checkpoints(log: &Value) -> Vec<&Value> {
 #[test]
 fn run_takes_an_exit_snapshot_with_what_the_command_wrote() {
     let Some(r) = Run::new() else { return };
-    launched(&r.run("echo x > f", &[("AGENTFS_CHECKPOINT_IDLE_MS", "0")]));
+    // The command says which cgroup it is in (the v2 line of /proc/self/cgroup).
+    let o = r.run(
+        "echo x > f; sed -n 's/^0:://p' /proc/self/cgroup",
+        &[("AGENTFS_CHECKPOINT_IDLE_MS", "0")],
+    );
+    launched(&o);
+    let inside = String::from_utf8_lossy(&o.stdout).trim().to_string();
     let log = r.json(&["log", "p"]);
     let head = &log[0];
     assert_eq!(head["kind"], "exit", "{log}");
@@ -110,9 +142,13 @@ fn run_takes_an_exit_snapshot_with_what_the_command_wrote() {
     let status = r.json(&["status", "p"]);
     let rec = &status["projects"][0]["last_run"]["history"];
     assert_eq!(rec["exit_snapshot"], head["commit"], "{status}");
+    // Every process of the sandbox is in the run's cgroup, the command included (it is
+    // moved before the sandbox forks anything).
+    let freezer = rec["freezer"].as_str().unwrap();
+    assert!(freezer.starts_with("cgroup "), "{status}");
     assert!(
-        rec["freezer"].as_str().unwrap().starts_with("cgroup "),
-        "{status}"
+        inside.contains("/agentfs/p-") && freezer.ends_with(&inside),
+        "the command is in {inside:?}, the freezer is {freezer:?}"
     );
     // The exit status is the command's, and a failing command is recorded too.
     let o = r.run(
@@ -257,16 +293,20 @@ fn retention_prunes_old_checkpoints_and_gc_drops_only_their_objects() {
     launched(&o);
 }
 
+/// Frozen checkpoints asked for back to back while a writer inside writes A then B.
+const FROZEN_ROUNDS: usize = 200;
+
 #[test]
 fn frozen_checkpoints_never_split_a_pair_of_writes() {
     let Some(r) = Run::new() else { return };
     // The writer writes A then B with the same counter, forever; the requester asks for
-    // checkpoints back to back. Every checkpoint must hold a state the writer passed through:
-    // A equal to B, or A one ahead.
+    // checkpoints back to back (the watcher serves a request as it arrives). Every checkpoint
+    // must hold a state the writer passed through: A equal to B, or A one ahead.
     let script = format!(
-        "( i=0; while :; do i=$((i+1)); printf '%08d' $i 1<>A; printf '%08d' $i 1<>B; done ) & \
+        "printf '%08d' 0 > A; printf '%08d' 0 > B; \
+         ( i=0; while :; do i=$((i+1)); printf '%08d' $i 1<>A; printf '%08d' $i 1<>B; done ) & \
          n=0; start=$(date +%s); \
-         while [ $n -lt 60 ] && [ $(( $(date +%s) - start )) -lt 600 ]; do \
+         while [ $n -lt {FROZEN_ROUNDS} ] && [ $(( $(date +%s) - start )) -lt 600 ]; do \
            {BIN_IN_VIEW} checkpoint >/dev/null || exit 9; n=$((n+1)); done; \
          kill $!; echo $n"
     );
@@ -274,31 +314,197 @@ fn frozen_checkpoints_never_split_a_pair_of_writes() {
         ("AGENTFS_CHECKPOINT_IDLE_MS", "0"),
         ("AGENTFS_CHECKPOINT_KEEP", "0"),
     ];
+    let started = std::time::Instant::now();
     let o = r.run(&script, &env);
     launched(&o);
+    let took = started.elapsed();
     let asked: usize = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
     // A count, not a rate: a loaded machine takes longer, the 600 s cap only ends a hang.
-    assert_eq!(asked, 60, "only {asked} checkpoints in 600 s");
+    assert_eq!(asked, FROZEN_ROUNDS, "only {asked} checkpoints in 600 s");
+    let rec = r.last_run();
+    assert_eq!(rec["checkpoints"], FROZEN_ROUNDS, "{rec}");
+    assert_eq!(rec["frozen_checkpoints"], FROZEN_ROUNDS, "{rec}");
+    assert!(rec["frozen_ms_max"].as_f64().unwrap() > 0.0, "{rec}");
     let log = r.json(&["log", "p"]);
     let cps = checkpoints(&log);
     let c = r.store();
-    // Fixed-width numbers written in place (no truncate), so after the first round both
-    // files always hold one. They must be equal, or A one ahead; B ahead of A is a torn cut.
+    // Both files hold a number before the first checkpoint, and the writer writes
+    // fixed-width numbers in place (no truncate), so every checkpoint holds both. They must be equal, or A one ahead; B ahead of A is a torn cut.
     let num = |b: Option<Vec<u8>>| -> Option<u64> {
         b.and_then(|b| String::from_utf8_lossy(&b).trim().parse().ok())
     };
-    let mut seen = 0;
-    for cp in &cps {
+    // (A, B) of every checkpoint holding both, oldest first, to show a torn one in context.
+    let mut pairs: Vec<(u64, u64, &str)> = Vec::new();
+    for cp in cps.iter().rev() {
         assert!(cp["message"].as_str().unwrap().contains("(frozen)"), "{cp}");
         let h = cp["commit"].as_str().unwrap();
         if let (Some(a), Some(b)) = (num(r.file_at(&c, h, "A")), num(r.file_at(&c, h, "B"))) {
-            assert!(a == b || a == b + 1, "checkpoint {h}: A={a} B={b}");
-            seen += 1;
+            pairs.push((a, b, h));
         }
     }
+    for (i, (a, b, h)) in pairs.iter().enumerate() {
+        let around = &pairs[i.saturating_sub(2)..(i + 2).min(pairs.len())];
+        assert!(
+            a == b || *a == b + 1,
+            "checkpoint {h}: A={a} B={b}; (A, B) around it: {:?}",
+            around.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>()
+        );
+    }
+    let seen = pairs.len();
     eprintln!(
-        "{asked} checkpoints asked, {} recorded, {seen} with both files",
+        "{asked} checkpoints asked, {} recorded, {seen} with both files, in {:.1} s \
+         (longest freeze {} ms)",
+        cps.len(),
+        took.as_secs_f64(),
+        rec["frozen_ms_max"]
+    );
+    assert_eq!(
+        seen,
+        cps.len(),
+        "{seen} of {} checkpoints held both files",
         cps.len()
     );
-    assert!(seen >= 50, "{seen} of {asked} checkpoints held both files");
+}
+
+/// An ordinary user has no cgroup of its own to freeze (no delegated subtree): `auto` says
+/// so before the command runs and takes unfrozen checkpoints, `require` refuses and runs
+/// nothing, `off` records that it never freezes.
+#[test]
+fn an_ordinary_user_without_a_cgroup_gets_unfrozen_or_refused_runs() {
+    let Some(r) = Run::as_user(Some(USER)) else {
+        return;
+    };
+    let script =
+        format!("echo started >&2; echo a > f; {BIN_IN_VIEW} checkpoint --json; echo b > g");
+    let freeze = |mode| {
+        [
+            ("AGENTFS_CHECKPOINT_FREEZE", mode),
+            ("AGENTFS_CHECKPOINT_IDLE_MS", "0"),
+        ]
+    };
+    let o = r.run(&script, &freeze("auto"));
+    launched(&o);
+    let rec = r.last_run();
+    let freezer = rec["freezer"].as_str().unwrap();
+    if freezer.starts_with("cgroup ") {
+        eprintln!("SKIP: this user has a delegated cgroup ({freezer})");
+        return;
+    }
+    // One line before the command's first output, and the record says why.
+    let e = err(&o);
+    let lines: Vec<&str> = e.lines().collect();
+    assert_eq!(lines.len(), 2, "{e}");
+    assert!(
+        lines[0].starts_with("agentfs: checkpoints of this run are not frozen"),
+        "{e}"
+    );
+    assert_eq!(lines[1], "started", "{e}");
+    assert!(freezer.starts_with("unfrozen: "), "{rec}");
+    // The checkpoint was taken, unfrozen, and holds what was written before it.
+    let reply: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(reply["sandbox"], true, "{reply}");
+    assert!(reply["frozen_ms"].is_null(), "{reply}");
+    assert_eq!(rec["checkpoints"], 1, "{rec}");
+    assert_eq!(rec["frozen_checkpoints"], 0, "{rec}");
+    let log = r.json(&["log", "p"]);
+    let cps = checkpoints(&log);
+    assert_eq!(cps.len(), 1, "{log}");
+    assert_eq!(cps[0]["commit"], reply["commit"]);
+    assert!(
+        cps[0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("requested (unfrozen: "),
+        "{log}"
+    );
+    let c = r.store();
+    let h = cps[0]["commit"].as_str().unwrap();
+    assert_eq!(r.file_at(&c, h, "f").as_deref(), Some(&b"a\n"[..]));
+    assert_eq!(r.file_at(&c, h, "g"), None);
+
+    // require: refused before launch, the command never ran (its marker is absent, no exit
+    // snapshot was taken).
+    let out = r.w.base.join("out");
+    std::fs::create_dir(&out).unwrap();
+    r.w.own(&out);
+    let bind = format!("{}:/out", out.display());
+    let commits = log.as_array().unwrap().len();
+    let o = r.run_with(&["--bind", &bind], "touch /out/marker", &freeze("require"));
+    refused(&o, 125, "freezer_unavailable");
+    assert!(o.stdout.is_empty());
+    assert!(!out.join("marker").exists(), "the command ran");
+    assert_eq!(r.json(&["log", "p"]).as_array().unwrap().len(), commits);
+    // The same bind works when the launch is allowed: the marker shows the command runs.
+    launched(&r.run_with(&["--bind", &bind], "touch /out/marker", &freeze("auto")));
+    assert!(out.join("marker").exists());
+
+    // off: no line, and the record says checkpoints are never frozen.
+    let o = r.run(&script, &freeze("off"));
+    launched(&o);
+    assert_eq!(err(&o), "started\n");
+    let rec = r.last_run();
+    assert!(
+        rec["freezer"].as_str().unwrap().starts_with("off "),
+        "{rec}"
+    );
+    assert_eq!(rec["checkpoints"], 1, "{rec}");
+    assert_eq!(rec["frozen_checkpoints"], 0, "{rec}");
+}
+
+/// While a sandbox runs on the project, `restore` and `undo` refuse (`sandbox_live`, exit 1)
+/// and change nothing; once it has ended they work.
+#[test]
+fn restore_and_undo_refuse_while_the_sandbox_runs() {
+    let Some(r) = Run::new() else { return };
+    let quiet = [("AGENTFS_CHECKPOINT_IDLE_MS", "0")];
+    launched(&r.run("echo one > f", &quiet));
+    let gate = r.w.base.join("gate");
+    std::fs::create_dir(&gate).unwrap();
+    // Root's command runs as another id (docs/sandbox.md): the gate is open to it.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&gate, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let bind = format!("{}:/gate", gate.display());
+    // The command writes, says it started, and waits (at most 600 s) for the test's go.
+    let script = "echo two > f; touch /gate/started; i=0; \
+                  while [ ! -e /gate/go ] && [ $i -lt 6000 ]; do sleep 0.1; i=$((i+1)); done";
+    let child = r
+        .command(&["--bind", &bind], script, &quiet)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The go file, also written when an assertion fails, so the sandbox never outlives the test.
+    struct Go(PathBuf);
+    impl Drop for Go {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, b"");
+        }
+    }
+    let go = Go(gate.join("go"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !gate.join("started").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sandbox did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let before = r.json(&["log", "p"]);
+    for verb in [vec!["restore", "p", "HEAD"], vec!["undo", "p"]] {
+        refused(&r.w.af(&verb), 1, "sandbox_live");
+    }
+    assert_eq!(r.json(&["log", "p"]), before, "the history changed");
+    drop(go);
+    launched(&child.wait_with_output().unwrap());
+    // The run's exit snapshot holds what it wrote; now an undo goes back before it.
+    let log = r.json(&["log", "p"]);
+    let c = r.store();
+    let head = log[0]["commit"].as_str().unwrap();
+    assert_eq!(r.file_at(&c, head, "f").as_deref(), Some(&b"two\n"[..]));
+    launched(&r.w.af(&["undo", "p"]));
+    let head = r.json(&["log", "p"])[0]["commit"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(r.file_at(&c, &head, "f").as_deref(), Some(&b"one\n"[..]));
 }

@@ -379,11 +379,15 @@ pub fn checkpoint(a: CheckpointArgs) -> super::CliResult {
         print_json(&json!({
             "sandbox": reply.is_some(),
             "commit": reply.as_ref().map(|r| &r.commit),
-            "frozen_ms": reply.as_ref().and_then(|r| r.frozen_ms),
+            "frozen_ms": reply.as_ref().and_then(|r| r.frozen_us).map(|us| us as f64 / 1000.0),
         }))?;
     } else if let Some(r) = &reply {
-        match r.frozen_ms {
-            Some(ms) => say(format_args!("checkpoint {} (frozen {ms} ms)", r.commit)),
+        match r.frozen_us {
+            Some(us) => say(format_args!(
+                "checkpoint {} (frozen {:.1} ms)",
+                r.commit,
+                us as f64 / 1000.0
+            )),
             None => say(format_args!("checkpoint {} (unfrozen)", r.commit)),
         }
     }

@@ -112,11 +112,23 @@ enum Why {
     Requested,
 }
 
+/// What the watcher did during a run (kept in the run record).
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// Checkpoints taken (including those equal to HEAD, which record nothing).
+    pub taken: u64,
+    /// Of those, the ones taken with the sandbox frozen.
+    pub frozen: u64,
+    /// The longest time the sandbox stayed frozen for one, in microseconds.
+    pub frozen_us_max: u64,
+}
+
 /// The running watcher; [`Watcher::stop`] ends it (before the server is joined: a checkpoint
 /// holds the mount open while it runs).
 pub struct Watcher {
-    stop: crossbeam_channel::Sender<()>,
-    thread: std::thread::JoinHandle<()>,
+    /// Dropped to stop the thread: its end of the pair then reads end-of-file.
+    stop: UnixStream,
+    thread: std::thread::JoinHandle<Stats>,
 }
 
 impl Watcher {
@@ -125,15 +137,46 @@ impl Watcher {
         timing: Timing,
         activity: Activity,
         requests: Option<UnixListener>,
-    ) -> Watcher {
-        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+    ) -> std::io::Result<Watcher> {
+        let (stop, stopped) = UnixStream::pair()?;
         let thread = std::thread::spawn(move || watch(target, timing, activity, requests, stopped));
-        Watcher { stop, thread }
+        Ok(Watcher { stop, thread })
     }
 
-    pub fn stop(self) {
+    /// End the watcher (a checkpoint in progress completes first) and say what it did.
+    pub fn stop(self) -> Stats {
         drop(self.stop);
-        let _ = self.thread.join();
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// What ended a wait of the watcher.
+#[derive(PartialEq)]
+enum Woken {
+    Stop,
+    /// A request arrived, or the tick passed.
+    Look,
+}
+
+/// Wait up to `tick` for the stop signal or a connection on the request socket, so that a
+/// request is served at once rather than at the next tick.
+fn wait(stopped: &UnixStream, requests: Option<&UnixListener>, tick: Duration) -> Woken {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd as _;
+    let mut fds = vec![PollFd::new(stopped.as_fd(), PollFlags::POLLIN)];
+    if let Some(l) = requests {
+        fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+    }
+    let timeout = PollTimeout::try_from(tick).unwrap_or(PollTimeout::MAX);
+    match poll(&mut fds, timeout) {
+        Ok(_) if fds[0].any().unwrap_or(true) => Woken::Stop,
+        Ok(_) => Woken::Look,
+        Err(nix::errno::Errno::EINTR) => Woken::Look,
+        // poll cannot fail otherwise on these descriptors; do not spin if it does.
+        Err(_) => {
+            std::thread::sleep(tick);
+            Woken::Look
+        }
     }
 }
 
@@ -171,22 +214,21 @@ fn watch(
     timing: Timing,
     activity: Activity,
     requests: Option<UnixListener>,
-    stopped: crossbeam_channel::Receiver<()>,
-) {
+    stopped: UnixStream,
+) -> Stats {
+    let mut stats = Stats::default();
     let mut history = match History::open(&target.store_dir) {
         Ok(h) => h,
         Err(e) => {
             tracing::error!("checkpoints are off for this run: {e}");
-            return;
+            return stats;
         }
     };
     let mut seen = activity.first;
     let mut last_change = Instant::now();
     let mut dirty_since: Option<Instant> = None;
     let mut waiting: Vec<UnixStream> = Vec::new();
-    while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
-        stopped.recv_timeout(timing.tick())
-    {
+    while wait(&stopped, requests.as_ref(), timing.tick()) == Woken::Look {
         if let Some(l) = &requests {
             accept(l, &mut waiting);
         }
@@ -217,10 +259,15 @@ fn watch(
                 last_change = now;
             }
             dirty_since = None;
+            stats.taken += 1;
+            if let Some(us) = t.frozen_us {
+                stats.frozen += 1;
+                stats.frozen_us_max = stats.frozen_us_max.max(us);
+            }
         }
         let reply = match &taken {
-            Ok(t) => match t.frozen_ms {
-                Some(ms) => format!("ok {} {ms}\n", t.commit),
+            Ok(t) => match t.frozen_us {
+                Some(us) => format!("ok {} {us}\n", t.commit),
                 None => format!("ok {}\n", t.commit),
             },
             Err(e) => {
@@ -240,6 +287,7 @@ fn watch(
     for mut s in waiting {
         let _ = s.write_all(b"err the sandbox ended before the checkpoint\n");
     }
+    stats
 }
 
 /// Take every pending connection without blocking; each is one request.
@@ -257,7 +305,8 @@ fn accept(l: &UnixListener, waiting: &mut Vec<UnixStream>) {
 struct Taken {
     commit: String,
     version: i64,
-    frozen_ms: Option<u128>,
+    /// From the write that froze the cgroup to the end of the write that thawed it.
+    frozen_us: Option<u64>,
 }
 
 /// One checkpoint: freeze, make the sandbox's writes durable, snapshot, thaw (always).
@@ -274,18 +323,18 @@ fn take(
         None => Err("no cgroup for this run".to_string()),
     };
     let walked = snapshot(t, history, activity, why, &frozen);
-    let mut frozen_ms = None;
+    let mut frozen_us = None;
     if let (Some(cg), Ok(())) = (&t.cgroup, &frozen) {
         if let Err(e) = cg.thaw() {
             tracing::error!("thawing {}: {e}", cg.path().display());
         }
-        frozen_ms = Some(started.elapsed().as_millis());
+        frozen_us = Some(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
     }
     let (commit, version) = walked?;
     Ok(Taken {
         commit,
         version,
-        frozen_ms,
+        frozen_us,
     })
 }
 
@@ -331,8 +380,8 @@ fn snapshot(
 /// What `agentfs checkpoint` got back.
 pub struct Reply {
     pub commit: String,
-    /// How long the sandbox was frozen for it (None: unfrozen).
-    pub frozen_ms: Option<u64>,
+    /// How long the sandbox was frozen for it, in microseconds (None: unfrozen).
+    pub frozen_us: Option<u64>,
 }
 
 /// `agentfs checkpoint` inside a sandbox: ask the watcher through the socket and wait for the
@@ -351,8 +400,8 @@ pub fn request() -> Result<Option<Reply>, String> {
         Some(("ok", rest)) => {
             let mut words = rest.split(' ');
             let commit = words.next().unwrap_or_default().to_string();
-            let frozen_ms = words.next().and_then(|w| w.parse().ok());
-            Ok(Some(Reply { commit, frozen_ms }))
+            let frozen_us = words.next().and_then(|w| w.parse().ok());
+            Ok(Some(Reply { commit, frozen_us }))
         }
         Some(("err", e)) => Err(format!("checkpoint_failed: {e}")),
         _ => Err("checkpoint_unavailable: the watcher closed the request unanswered".into()),

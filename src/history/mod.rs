@@ -125,11 +125,20 @@ pub struct History {
 }
 
 fn now() -> (i64, u32) {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    since_epoch(std::time::SystemTime::now())
+}
+
+fn since_epoch(t: std::time::SystemTime) -> (i64, u32) {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     (d.as_secs() as i64, d.subsec_nanos())
 }
+
+/// How recent a file's times may be and its cache row still be trusted. The kernel stamps
+/// the times of a file written through its writeback cache from a clock that moves once per
+/// tick (at most 10 ms), so a write just after a snapshot can leave size, mtime and ctime as
+/// the snapshot saw them while the bytes differ. A file stamped within this margin before the
+/// snapshot began is read again by the next one.
+const RACY_MARGIN: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// A tag name: 1..100 bytes of letters, digits, `.`, `_`, `-`; not `HEAD` nor a hash-like word.
 pub fn check_tag(name: &str) -> Result<(), String> {
@@ -245,6 +254,9 @@ struct Walk<'a, 'c> {
     links: HashMap<u64, Vec<u8>>,
     seen: HashSet<i64>,
     fresh: Vec<(FileKey, Hash)>,
+    /// A file whose mtime or ctime is not before this is read but not cached (see
+    /// [`RACY_MARGIN`]).
+    racy_from: (i64, u32),
     report: SnapReport,
 }
 
@@ -276,7 +288,9 @@ impl Walk<'_, '_> {
         let bytes = self.cut.content(n.ino)?;
         self.report.files_hashed += 1;
         let h = self.put(ObjKind::Blob, &bytes, &[])?;
-        self.fresh.push((key, h));
+        if key.mtime < self.racy_from && key.ctime < self.racy_from {
+            self.fresh.push((key, h));
+        }
         Ok(h)
     }
 
@@ -495,8 +509,10 @@ impl History {
             }
             let cache = db::load_cache(c).map_err(sqle)?;
             let parent = db::head(c).map_err(sqle)?;
+            let racy_from = since_epoch(std::time::SystemTime::now() - RACY_MARGIN);
             let (state, walk_report, seen, fresh) = store.upper_cut(|cut| {
                 let mut w = Walk {
+                    racy_from,
                     c,
                     cut,
                     ignore: o.ignore,

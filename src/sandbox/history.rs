@@ -145,19 +145,20 @@ impl RunHistory {
             .activity
             .take()
             .unwrap_or_else(|| Activity::open(&self.delta));
-        self.watcher = Some(Watcher::start(
-            target,
-            self.timing.clone(),
-            activity,
-            self.listener.take(),
-        ));
+        match Watcher::start(target, self.timing.clone(), activity, self.listener.take()) {
+            Ok(w) => self.watcher = Some(w),
+            Err(e) => eprintln!("agentfs: no checkpoints for this run: {e}"),
+        }
     }
 
     /// The command ended: stop the watcher (it may hold the mount open) before the server is
     /// joined.
     pub fn stop(&mut self) {
         if let Some(w) = self.watcher.take() {
-            w.stop();
+            let s = w.stop();
+            self.record.checkpoints = s.taken;
+            self.record.frozen_checkpoints = s.frozen;
+            self.record.frozen_ms_max = s.frozen_us_max as f64 / 1000.0;
         }
         let _ = std::fs::remove_file(self.socket());
     }

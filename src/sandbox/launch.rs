@@ -181,9 +181,12 @@ fn supervise(
     rec: &mut RunRecord,
     history: &mut RunHistory,
 ) -> Result<i32, SandboxError> {
-    let prepared = history
-        .adopt(outer)
-        .and_then(|_| server::prepare(&req.db, false, knobs).map_err(preflight::store_error));
+    let prepared = history.adopt(outer).and_then(|_| {
+        // The outer child forks pid 1 only after this: every process of the sandbox starts
+        // inside its cgroup.
+        send(sup, b"C");
+        server::prepare(&req.db, false, knobs).map_err(preflight::store_error)
+    });
     let prepared = match prepared {
         Ok(p) => p,
         Err(e) => {
@@ -332,6 +335,12 @@ fn outer_child(
     // Without its supervisor the sandbox has no server: it goes when the supervisor goes, and
     // pid 1 goes with it (the pid namespace with pid 1).
     if !matches!(ns::die_with_parent(Some(supervisor)), Ok(true)) {
+        return 1;
+    }
+    // Nothing is forked before the supervisor has moved this process into the sandbox's
+    // cgroup (the checkpoint freezer), or refused the launch (the socket closes).
+    let mut adopted = [0u8; 1];
+    if !matches!((&*sock).read(&mut adopted), Ok(1)) || adopted[0] != b'C' {
         return 1;
     }
     let userns = |what: &str, e: std::io::Error| {

@@ -74,6 +74,15 @@ pub struct HistoryRecord {
     /// The exit snapshot's commit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_snapshot: Option<String>,
+    /// Checkpoints the watcher took while the command ran (one equal to HEAD included).
+    #[serde(default)]
+    pub checkpoints: u64,
+    /// Of those, the ones taken with the sandbox frozen.
+    #[serde(default)]
+    pub frozen_checkpoints: u64,
+    /// The longest the sandbox stayed frozen for one checkpoint (freeze to thaw), in ms.
+    #[serde(default)]
+    pub frozen_ms_max: f64,
 }
 
 pub fn now() -> u64 {
