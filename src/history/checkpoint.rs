@@ -322,14 +322,22 @@ fn take(
         Some(cg) => cg.freeze(timing.freeze_wait).map_err(|e| e.to_string()),
         None => Err("no cgroup for this run".to_string()),
     };
-    let walked = snapshot(t, history, activity, why, &frozen);
-    let mut frozen_us = None;
-    if let (Some(cg), Ok(())) = (&t.cgroup, &frozen) {
-        if let Err(e) = cg.thaw() {
-            tracing::error!("thawing {}: {e}", cg.path().display());
+    // Thawed once the walk's read transaction holds its snapshot (the walk then reads a cut
+    // nothing can enter any more), or after a failure before that.
+    let thawed = std::cell::Cell::new(None);
+    let thaw = || {
+        if let (Some(cg), Ok(()), None) = (&t.cgroup, &frozen, thawed.get()) {
+            if let Err(e) = cg.thaw() {
+                tracing::error!("thawing {}: {e}", cg.path().display());
+            }
+            thawed.set(Some(
+                u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            ));
         }
-        frozen_us = Some(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
-    }
+    };
+    let walked = snapshot(t, history, activity, why, &frozen, &thaw);
+    thaw();
+    let frozen_us = thawed.get();
     let (commit, version) = walked?;
     Ok(Taken {
         commit,
@@ -344,6 +352,7 @@ fn snapshot(
     activity: &Activity,
     why: Why,
     frozen: &Result<(), String>,
+    on_cut: &dyn Fn(),
 ) -> Result<(String, i64), String> {
     // Dirty pages of the sandbox's writes go to the server, then its barrier commits them.
     let root = PathBuf::from(format!("/proc/{}/root", t.pid1))
@@ -367,6 +376,7 @@ fn snapshot(
     let o = SnapOptions {
         kind: CommitKind::Checkpoint,
         only_if_changed: true,
+        on_cut: Some(on_cut),
         ..SnapOptions::manual(&message, &t.ignore)
     };
     let r = history.snapshot(&t.delta, &o)?;

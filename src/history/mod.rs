@@ -28,7 +28,7 @@ use object::{
 };
 
 /// What `snapshot` records besides the state.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct SnapOptions<'a> {
     pub kind: CommitKind,
     pub message: &'a str,
@@ -39,6 +39,9 @@ pub struct SnapOptions<'a> {
     pub detached: bool,
     /// Record nothing when the state equals HEAD's.
     pub only_if_changed: bool,
+    /// Called once the read transaction of the delta holds its snapshot, before the walk: a
+    /// checkpoint thaws the sandbox here, since nothing written after it can enter the cut.
+    pub on_cut: Option<&'a dyn Fn()>,
 }
 
 impl<'a> SnapOptions<'a> {
@@ -50,6 +53,7 @@ impl<'a> SnapOptions<'a> {
             ignore,
             detached: false,
             only_if_changed: false,
+            on_cut: None,
         }
     }
 }
@@ -510,21 +514,22 @@ impl History {
             let cache = db::load_cache(c).map_err(sqle)?;
             let parent = db::head(c).map_err(sqle)?;
             let racy_from = since_epoch(std::time::SystemTime::now() - RACY_MARGIN);
-            let (state, walk_report, seen, fresh) = store.upper_cut(|cut| {
-                let mut w = Walk {
-                    racy_from,
-                    c,
-                    cut,
-                    ignore: o.ignore,
-                    cache: &cache,
-                    links: HashMap::new(),
-                    seen: HashSet::new(),
-                    fresh: Vec::new(),
-                    report: SnapReport::default(),
-                };
-                let state = w.state()?;
-                Ok((state, w.report, w.seen, w.fresh))
-            })?;
+            let (state, walk_report, seen, fresh) =
+                store.upper_cut_then(o.on_cut.unwrap_or(&|| {}), |cut| {
+                    let mut w = Walk {
+                        racy_from,
+                        c,
+                        cut,
+                        ignore: o.ignore,
+                        cache: &cache,
+                        links: HashMap::new(),
+                        seen: HashSet::new(),
+                        fresh: Vec::new(),
+                        report: SnapReport::default(),
+                    };
+                    let state = w.state()?;
+                    Ok((state, w.report, w.seen, w.fresh))
+                })?;
             let mut report = walk_report;
             report.tree = state.tree();
             for ino in cache.keys().filter(|i| !seen.contains(i)) {

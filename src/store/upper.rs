@@ -280,12 +280,23 @@ impl Store {
         &self,
         f: impl FnOnce(&UpperCut<'_>) -> Result<T, String>,
     ) -> Result<T, String> {
+        self.upper_cut_then(&|| {}, f)
+    }
+
+    /// [`Store::upper_cut`], calling `on_cut` as soon as the transaction holds its snapshot
+    /// (its first read), before the rest is read.
+    pub fn upper_cut_then<T>(
+        &self,
+        on_cut: &dyn Fn(),
+        f: impl FnOnce(&UpperCut<'_>) -> Result<T, String>,
+    ) -> Result<T, String> {
         let cfg = self.config();
         let has_xattrs = self.xattrs;
         let mut out = None;
         self.read_tx(|c| {
             out = Some((|| {
                 let (root, children) = read_nodes(c).map_err(sql("reading the tree"))?;
+                on_cut();
                 let whiteouts = read_whiteouts(c).map_err(sql("fs_whiteout"))?;
                 let partial = partial_origins_by_ino(c).map_err(sql("fs_partial_origin"))?;
                 let origins = read_origins(c).map_err(sql("fs_origin"))?;
