@@ -451,35 +451,25 @@ fn an_ordinary_user_without_a_cgroup_gets_unfrozen_or_refused_runs() {
     assert_eq!(rec["frozen_checkpoints"], 0, "{rec}");
 }
 
-/// While a sandbox runs on the project, `restore` and `undo` refuse (`sandbox_live`, exit 1)
-/// and change nothing; once it has ended they work.
-#[test]
-fn restore_and_undo_refuse_while_the_sandbox_runs() {
-    let Some(r) = Run::new() else { return };
-    let quiet = [("AGENTFS_CHECKPOINT_IDLE_MS", "0")];
-    launched(&r.run("echo one > f", &quiet));
+/// A live sandbox of `r`'s project that ran `first` and waits (at most 600 s) for the test's
+/// go; the gate directory is bound at /gate. Dropping the returned [`Go`] lets it end.
+fn live_sandbox(r: &Run, first: &str, env: &[(&str, &str)]) -> (std::process::Child, Go) {
     let gate = r.w.base.join("gate");
-    std::fs::create_dir(&gate).unwrap();
+    std::fs::create_dir_all(&gate).unwrap();
     // Root's command runs as another id (docs/sandbox.md): the gate is open to it.
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&gate, std::fs::Permissions::from_mode(0o777)).unwrap();
     let bind = format!("{}:/gate", gate.display());
-    // The command writes, says it started, and waits (at most 600 s) for the test's go.
-    let script = "echo two > f; touch /gate/started; i=0; \
-                  while [ ! -e /gate/go ] && [ $i -lt 6000 ]; do sleep 0.1; i=$((i+1)); done";
+    let script = format!(
+        "{first}; touch /gate/started; i=0; \
+         while [ ! -e /gate/go ] && [ $i -lt 6000 ]; do sleep 0.1; i=$((i+1)); done"
+    );
     let child = r
-        .command(&["--bind", &bind], script, &quiet)
+        .command(&["--bind", &bind], &script, env)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // The go file, also written when an assertion fails, so the sandbox never outlives the test.
-    struct Go(PathBuf);
-    impl Drop for Go {
-        fn drop(&mut self) {
-            let _ = std::fs::write(&self.0, b"");
-        }
-    }
     let go = Go(gate.join("go"));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while !gate.join("started").exists() {
@@ -489,6 +479,67 @@ fn restore_and_undo_refuse_while_the_sandbox_runs() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    (child, go)
+}
+
+/// The go file of [`live_sandbox`], also written when an assertion fails, so the sandbox never
+/// outlives the test.
+struct Go(PathBuf);
+
+impl Drop for Go {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, b"");
+    }
+}
+
+/// A command that `exec` adds to a live sandbox joins the sandbox's cgroup, so checkpoints
+/// freeze it too. When it cannot (here: the cgroup the live marker names is gone), it is
+/// refused under AGENTFS_CHECKPOINT_FREEZE=require (`freezer_unavailable`, exit 125, nothing
+/// ran) and runs with one line saying so under `auto`; it never runs unfrozen unannounced.
+#[test]
+fn exec_that_cannot_join_the_sandboxs_cgroup_is_refused_or_says_so() {
+    let Some(r) = Run::new() else { return };
+    let quiet = [("AGENTFS_CHECKPOINT_IDLE_MS", "0")];
+    let (child, go) = live_sandbox(&r, "true", &quiet);
+    let marker = r.w.root().join("p/live.json");
+    let mut live: Value = serde_json::from_slice(&std::fs::read(&marker).unwrap()).unwrap();
+    if live["cgroup"].is_null() {
+        eprintln!("SKIP exec_that_cannot_join_the_sandboxs_cgroup: the run has no cgroup");
+        drop(go);
+        let _ = child.wait_with_output();
+        return;
+    }
+    live["cgroup"] = Value::from("/sys/fs/cgroup/agentfs-test-gone");
+    std::fs::write(&marker, serde_json::to_vec(&live).unwrap()).unwrap();
+    let exec = |mode: &str, name: &str| {
+        let touch = format!("/gate/{name}");
+        let mut c =
+            r.w.command(&common::bin(), &["exec", "p", "--", "touch", &touch]);
+        c.env("AGENTFS_CHECKPOINT_FREEZE", mode);
+        c.output().unwrap()
+    };
+    let gate = r.w.base.join("gate");
+    refused(&exec("require", "required"), 125, "freezer_unavailable");
+    assert!(!gate.join("required").exists(), "a refused command ran");
+    let o = exec("auto", "auto");
+    launched(&o);
+    let e = err(&o);
+    assert!(e.contains("checkpoints do not freeze this command"), "{e}");
+    assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+    assert!(gate.join("auto").exists(), "the command did not run");
+    drop(go);
+    launched(&child.wait_with_output().unwrap());
+}
+
+/// While a sandbox runs on the project, `restore` and `undo` refuse (`sandbox_live`, exit 1)
+/// and change nothing; once it has ended they work.
+#[test]
+fn restore_and_undo_refuse_while_the_sandbox_runs() {
+    let Some(r) = Run::new() else { return };
+    let quiet = [("AGENTFS_CHECKPOINT_IDLE_MS", "0")];
+    launched(&r.run("echo one > f", &quiet));
+    // The command writes, says it started, and waits for the test's go.
+    let (child, go) = live_sandbox(&r, "echo two > f", &quiet);
     let before = r.json(&["log", "p"]);
     for verb in [vec!["restore", "p", "HEAD"], vec!["undo", "p"]] {
         refused(&r.w.af(&verb), 1, "sandbox_live");

@@ -29,6 +29,7 @@ use super::record::{self, LiveMarker, RunRecord};
 use super::request::{HomeMode, Net, SandboxRequest};
 use super::view::{self, Failure};
 use super::{preflight, SandboxError};
+use crate::history::checkpoint::FreezeMode;
 use crate::knobs::Knobs;
 use crate::server::{self, ServeOptions};
 use crate::sys::ns::{self, Forked};
@@ -593,8 +594,24 @@ fn join(req: &SandboxRequest, live: &LiveMarker) -> Result<i32, SandboxError> {
                 nix::sched::setns(f, k).map_err(|e| std::io::Error::from_raw_os_error(e as i32))
             };
             // Into the sandbox's cgroup ("0" is the writer), so checkpoints freeze it too.
+            // Where that fails the command would run unfrozen: refused under `require`, said
+            // under `auto`, as at launch.
             if let Some(cg) = &live.cgroup {
-                let _ = std::fs::write(cg.join("cgroup.procs"), "0");
+                if let Err(e) = std::fs::write(cg.join("cgroup.procs"), "0") {
+                    let why = format!("cannot join the sandbox's cgroup {}: {e}", cg.display());
+                    let knob = &crate::knobs::get().checkpoint_freeze;
+                    match FreezeMode::from_knob(knob) {
+                        Ok(FreezeMode::Require) => {
+                            send(&inside, format!("Efreezer_unavailable\t{why}").as_bytes());
+                            ns::exit_now(125)
+                        }
+                        Ok(FreezeMode::Off) => {}
+                        _ => send(
+                            &inside,
+                            format!("W{why}; checkpoints do not freeze this command").as_bytes(),
+                        ),
+                    }
+                }
             }
             let mut step = Ok(());
             if !ids.root {
@@ -642,6 +659,10 @@ fn join(req: &SandboxRequest, live: &LiveMarker) -> Result<i32, SandboxError> {
         match msg.split_first() {
             Some((b'E', rest)) => {
                 failure.get_or_insert(SandboxError::from_wire(&String::from_utf8_lossy(rest)))
+            }
+            Some((b'W', rest)) => {
+                eprintln!("agentfs: {}", String::from_utf8_lossy(rest));
+                continue;
             }
             Some(_) => continue,
             None => break,

@@ -112,6 +112,7 @@ impl SandboxError {
             }
             "userns_denied" => SandboxError::UsernsDenied(text),
             "command_failed" => SandboxError::CommandFailed(text),
+            "freezer_unavailable" => SandboxError::FreezerUnavailable(text),
             _ => SandboxError::Io(text),
         }
     }
