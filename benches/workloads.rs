@@ -55,6 +55,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[path = "workloads/overlay.rs"]
 mod overlay;
+#[path = "workloads/replica.rs"]
+mod replica;
 #[path = "workloads/sandbox.rs"]
 mod sandbox;
 
@@ -196,6 +198,8 @@ struct AgentFsMount {
     mnt: PathBuf,
     log: PathBuf,
     child: Option<Child>,
+    /// The replica URL of `--replicate` (module `replica`), when the mount replicates.
+    replicate: Option<String>,
     /// Whether this guard still owns the mount (false after `stop`, so a guard that was
     /// replaced by a remount never unmounts its successor).
     live: bool,
@@ -203,16 +207,28 @@ struct AgentFsMount {
 
 impl AgentFsMount {
     fn start(bin: &Path, db: &Path, mnt: &Path, log: &Path) -> Result<AgentFsMount, String> {
+        AgentFsMount::start_with(bin, db, mnt, log, None)
+    }
+
+    /// [`AgentFsMount::start`], replicating to `replicate` when given.
+    fn start_with(
+        bin: &Path,
+        db: &Path,
+        mnt: &Path,
+        log: &Path,
+        replicate: Option<&str>,
+    ) -> Result<AgentFsMount, String> {
         let logf = OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .map_err(|e| format!("{}: {e}", log.display()))?;
-        let child = Command::new(bin)
-            .arg("mount")
-            .arg(db)
-            .arg(mnt)
-            .arg("-f")
+        let mut cmd = Command::new(bin);
+        cmd.arg("mount").arg(db).arg(mnt).arg("-f");
+        if let Some(url) = replicate {
+            replica::apply_env(cmd.arg("--replicate").arg(url));
+        }
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(logf.try_clone().map_err(|e| e.to_string())?)
             .stderr(logf)
@@ -224,6 +240,7 @@ impl AgentFsMount {
             mnt: mnt.to_path_buf(),
             log: log.to_path_buf(),
             child: Some(child),
+            replicate: replicate.map(String::from),
             live: true,
         };
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -300,7 +317,13 @@ impl AgentFsMount {
     fn remount(&mut self) -> Result<(), String> {
         self.stop()?;
         drop_caches();
-        let fresh = AgentFsMount::start(&self.bin, &self.db, &self.mnt, &self.log)?;
+        let fresh = AgentFsMount::start_with(
+            &self.bin,
+            &self.db,
+            &self.mnt,
+            &self.log,
+            self.replicate.as_deref(),
+        )?;
         *self = fresh;
         Ok(())
     }
@@ -347,6 +370,8 @@ enum Backend {
         bin: PathBuf,
         dir: PathBuf,
         mount: Option<AgentFsMount>,
+        /// Replicate each repetition's fresh database to a fresh path under this URL.
+        replicate: Option<replica::Replicas>,
     },
     Ext4 {
         dir: PathBuf,
@@ -380,7 +405,13 @@ impl Target {
 
     /// Start a repetition: AgentFS gets a fresh database, the others an empty directory.
     fn begin(&mut self) -> Result<(), String> {
-        if let Backend::AgentFs { bin, dir, mount } = &mut self.backend {
+        if let Backend::AgentFs {
+            bin,
+            dir,
+            mount,
+            replicate,
+        } = &mut self.backend
+        {
             if let Some(mut m) = mount.take() {
                 m.stop()?;
             }
@@ -389,11 +420,13 @@ impl Target {
             }
             let mnt = dir.join("mnt");
             fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
-            *mount = Some(AgentFsMount::start(
+            let url = replicate.as_mut().map(replica::Replicas::next);
+            *mount = Some(AgentFsMount::start_with(
                 bin,
                 &dir.join("fs.db"),
                 &mnt,
                 &dir.join("server.log"),
+                url.as_deref(),
             )?);
         }
         let root = self.root();
@@ -1106,6 +1139,17 @@ fn main() {
         tree.files,
         tree.bytes as f64 / MIB as f64
     );
+    if args.iter().skip(1).any(|a| a == "replicate") {
+        let table = agentfs_binary(&manifest)
+            .and_then(|bin| replica::run_replica(&bin, &work, &plan, &tree))
+            .unwrap_or_else(|e| format!("failed: {e}\n"));
+        println!(
+            "\nAgentFS workloads{}, with and without replication to a local S3 server — {}\n\n{table}",
+            if plan.quick { " (quick)" } else { "" },
+            machine()
+        );
+        return;
+    }
     if only_sandbox {
         let table = agentfs_binary(&manifest)
             .and_then(|bin| sandbox::run_sandbox(&bin, &work, &plan, &tree))
@@ -1134,6 +1178,7 @@ fn main() {
                     bin,
                     dir,
                     mount: None,
+                    replicate: None,
                 },
             });
         }

@@ -269,7 +269,13 @@ pub fn live() -> Vec<Record> {
         {
             // A record whose Litestream died is kept while its owner lives: status shows why.
             Some(r) if alive(r.pid) => out.push(r),
-            _ => {
+            Some(r) => {
+                // Its owner was killed: nothing else will remove what it left.
+                for f in [&path, &r.config, &r.log] {
+                    let _ = std::fs::remove_file(f);
+                }
+            }
+            None => {
                 let _ = std::fs::remove_file(&path);
             }
         }

@@ -12,15 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::s3::{self, S3};
 use common::world::{err, refused, World, USER};
 use serde_json::Value;
 
 /// Every bounded wait of this file: generous, a loaded machine never reaches it.
 const PATIENCE: Duration = Duration::from_secs(180);
-
-fn venv() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin")
-}
 
 /// Whether Litestream and moto are installed; with AGENTFS_REQUIRE_LITESTREAM=1 their absence
 /// fails the test.
@@ -28,99 +25,21 @@ fn tools_or_skip(test: &str) -> bool {
     if !common::fuse_or_skip(test) {
         return false;
     }
-    let ok = venv().join("litestream").exists() && venv().join("moto_server").exists();
+    let ok = s3::installed();
     if !ok {
         assert!(
             !agentfs::knobs::get().require_litestream,
             "{test}: AGENTFS_REQUIRE_LITESTREAM=1 but {} lacks litestream or moto_server (run validation/install-deps.sh)",
-            venv().display()
+            s3::venv().display()
         );
         eprintln!("SKIP {test}: no Litestream test environment (validation/install-deps.sh)");
     }
     ok
 }
 
-/// A moto S3 server on a free loopback port, ended by its pid on drop.
-struct S3 {
-    child: Child,
-    port: u16,
-}
-
-impl S3 {
-    fn start() -> S3 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(venv().join("moto_server"))
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let s3 = S3 { child, port };
-        let deadline = Instant::now() + PATIENCE;
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto did not listen");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        s3
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// Make `bucket` and return the replica URL of `path` in it.
-    fn bucket(&self, bucket: &str, path: &str) -> String {
-        let out = Command::new(venv().join("python"))
-            .args([
-                "-c",
-                &format!(
-                    "import boto3; boto3.client('s3', endpoint_url='{}').create_bucket(Bucket='{bucket}')",
-                    self.endpoint()
-                ),
-            ])
-            .envs(aws_env())
-            .env_remove("AWS_CA_BUNDLE")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", err(&out));
-        format!(
-            "s3://{bucket}/{path}?endpoint={}&forcePathStyle=true&region=us-east-1",
-            self.endpoint()
-        )
-    }
-}
-
-impl Drop for S3 {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn aws_env() -> Vec<(&'static str, String)> {
-    vec![
-        ("AWS_ACCESS_KEY_ID", "test".into()),
-        ("AWS_SECRET_ACCESS_KEY", "test".into()),
-        ("AWS_REGION", "us-east-1".into()),
-        ("AWS_DEFAULT_REGION", "us-east-1".into()),
-        (
-            "AGENTFS_LITESTREAM",
-            venv().join("litestream").display().to_string(),
-        ),
-    ]
-}
-
-/// agentfs in world `w` with the S3 credentials and Litestream; a CA bundle meant for real
-/// endpoints makes Litestream 0.5.17 refuse a plain-HTTP one, so it is dropped.
+/// agentfs in world `w` with the S3 credentials and Litestream.
 fn af(w: &World, args: &[&str]) -> Output {
-    w.command(&common::bin(), args)
-        .envs(aws_env())
-        .env_remove("AWS_CA_BUNDLE")
+    s3::apply(&mut w.command(&common::bin(), args))
         .output()
         .unwrap()
 }
@@ -359,14 +278,12 @@ fn a_lost_machine_is_restored_up_to_a_confirmed_barrier_as_a_user() {
 
 /// `agentfs replicate` of a database in the foreground, ended by SIGTERM.
 fn replicate_fg(w: &World, db: &Path, url: &str) -> Child {
-    let mut c = w
-        .command(&common::bin(), &["replicate", db.to_str().unwrap(), url])
-        .envs(aws_env())
-        .env_remove("AWS_CA_BUNDLE")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut c =
+        s3::apply(&mut w.command(&common::bin(), &["replicate", db.to_str().unwrap(), url]))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
     let deadline = Instant::now() + PATIENCE;
     while replication(w).is_none() {
         assert!(c.try_wait().unwrap().is_none(), "replicate ended early");
