@@ -58,6 +58,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[path = "workloads/overlay.rs"]
 mod overlay;
+#[path = "workloads/replica.rs"]
+mod replica;
 #[path = "workloads/sandbox.rs"]
 mod sandbox;
 
@@ -201,18 +203,27 @@ struct AgentFsMount {
     /// The server's memory budget in MiB (None: the default).
     budget: Option<u64>,
     child: Option<Child>,
+    /// The replica URL of `--replicate` (module `replica`), when the mount replicates.
+    replicate: Option<String>,
     /// Whether this guard still owns the mount (false after `stop`, so a guard that was
     /// replaced by a remount never unmounts its successor).
     live: bool,
 }
 
 impl AgentFsMount {
-    fn start(
+    fn start(bin: &Path, db: &Path, mnt: &Path, log: &Path) -> Result<AgentFsMount, String> {
+        AgentFsMount::start_with(bin, db, mnt, log, None, None)
+    }
+
+    /// [`AgentFsMount::start`] with a memory budget in MiB (None: the default), replicating
+    /// to `replicate` when given.
+    fn start_with(
         bin: &Path,
         db: &Path,
         mnt: &Path,
         log: &Path,
         budget: Option<u64>,
+        replicate: Option<&str>,
     ) -> Result<AgentFsMount, String> {
         let logf = OpenOptions::new()
             .create(true)
@@ -223,11 +234,11 @@ impl AgentFsMount {
         if let Some(b) = budget {
             cmd.env("AGENTFS_MEMORY_BUDGET_MIB", b.to_string());
         }
+        cmd.arg("mount").arg(db).arg(mnt).arg("-f");
+        if let Some(url) = replicate {
+            replica::apply_env(cmd.arg("--replicate").arg(url));
+        }
         let child = cmd
-            .arg("mount")
-            .arg(db)
-            .arg(mnt)
-            .arg("-f")
             .stdin(Stdio::null())
             .stdout(logf.try_clone().map_err(|e| e.to_string())?)
             .stderr(logf)
@@ -240,6 +251,7 @@ impl AgentFsMount {
             log: log.to_path_buf(),
             budget,
             child: Some(child),
+            replicate: replicate.map(String::from),
             live: true,
         };
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -316,7 +328,14 @@ impl AgentFsMount {
     fn remount(&mut self) -> Result<(), String> {
         self.stop()?;
         drop_caches();
-        let fresh = AgentFsMount::start(&self.bin, &self.db, &self.mnt, &self.log, self.budget)?;
+        let fresh = AgentFsMount::start_with(
+            &self.bin,
+            &self.db,
+            &self.mnt,
+            &self.log,
+            self.budget,
+            self.replicate.as_deref(),
+        )?;
         *self = fresh;
         Ok(())
     }
@@ -364,6 +383,8 @@ enum Backend {
         dir: PathBuf,
         budget: Option<u64>,
         mount: Option<AgentFsMount>,
+        /// Replicate each repetition's fresh database to a fresh path under this URL.
+        replicate: Option<replica::Replicas>,
     },
     Ext4 {
         dir: PathBuf,
@@ -402,6 +423,7 @@ impl Target {
             dir,
             budget,
             mount,
+            replicate,
         } = &mut self.backend
         {
             if let Some(mut m) = mount.take() {
@@ -412,12 +434,14 @@ impl Target {
             }
             let mnt = dir.join("mnt");
             fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
-            *mount = Some(AgentFsMount::start(
+            let url = replicate.as_mut().map(replica::Replicas::next);
+            *mount = Some(AgentFsMount::start_with(
                 bin,
                 &dir.join("fs.db"),
                 &mnt,
                 &dir.join("server.log"),
                 *budget,
+                url.as_deref(),
             )?);
         }
         let root = self.root();
@@ -1134,6 +1158,17 @@ fn main() {
         tree.files,
         tree.bytes as f64 / MIB as f64
     );
+    if args.iter().skip(1).any(|a| a == "replicate") {
+        let table = agentfs_binary(&manifest)
+            .and_then(|bin| replica::run_replica(&bin, &work, &plan, &tree))
+            .unwrap_or_else(|e| format!("failed: {e}\n"));
+        println!(
+            "\nAgentFS workloads{}, with and without replication to a local S3 server — {}\n\n{table}",
+            if plan.quick { " (quick)" } else { "" },
+            machine()
+        );
+        return;
+    }
     if only_sandbox {
         let table = agentfs_binary(&manifest)
             .and_then(|bin| sandbox::run_sandbox(&bin, &work, &plan, &tree))
@@ -1184,6 +1219,7 @@ fn main() {
                         dir,
                         budget,
                         mount: None,
+                        replicate: None,
                     },
                 });
             }

@@ -107,6 +107,14 @@ knob_table! {
         "Tests only: the server panics while handling a request whose opcode (e.g. FUSE_MKDIR or mkdir) or entry name equals this value, to prove a panic is answered with EIO and serving goes on (empty = never).";
     projects_dir: Str = "", [0, 0], Policy, "AGENTFS_PROJECTS_DIR",
         "Directory holding one directory per project (delta.db, config.toml, runs/) and defaults.toml (empty = ~/.agentfs).";
+    litestream: Str = "", [0, 0], Policy, "AGENTFS_LITESTREAM",
+        "The Litestream 0.5 executable replication and restore-replica run (empty = the first litestream on PATH).";
+    replica_sync_ms: U64 = 1000, [10, 3600000], Policy, "AGENTFS_REPLICA_SYNC_MS",
+        "How often Litestream ships a replicated database's new WAL frames to the replica (its sync-interval), in milliseconds.";
+    replica_leave_checkpoints: Bool = true, [0, 1], KillSwitch, "AGENTFS_REPLICA_LEAVE_CHECKPOINTS",
+        "While a database is replicated, leave WAL checkpoints to Litestream: the server opens it with SQLite's automatic checkpoint off and takes no TRUNCATE checkpoint at unmount or when space runs low (0 = the server checkpoints as usual and Litestream copes).";
+    require_litestream: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_LITESTREAM",
+        "Tests: a missing Litestream or S3 test server is a failure instead of a skip (CI sets 1).";
     require_fuse: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_FUSE",
         "Tests: a missing /dev/fuse is a failure instead of a skip (CI sets 1).";
     bench_quick: Bool = false, [0, 1], Policy, "AGENTFS_BENCH_QUICK",

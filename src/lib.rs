@@ -16,6 +16,7 @@ pub mod memory;
 pub mod overlay;
 pub mod project;
 pub mod protocol;
+pub mod replica;
 pub mod sandbox;
 pub mod server;
 pub mod store;

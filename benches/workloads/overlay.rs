@@ -128,7 +128,6 @@ impl<'a> OvMount<'a> {
                     &t.db(),
                     &t.mnt(),
                     &t.dir.join("server.log"),
-                    None,
                 )?);
             }
         }

@@ -195,7 +195,7 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
             let t0 = Instant::now();
             let res = fresh_delta().and_then(|()| {
                 if i == 0 {
-                    let m = AgentFsMount::start(bin, &db, &mnt, &dir.join("server.log"), None)?;
+                    let m = AgentFsMount::start(bin, &db, &mnt, &dir.join("server.log"))?;
                     let mut c = Command::new(&runner);
                     c.arg(RUNNER_ARG).arg(&mnt).arg(&tree_s).arg(size);
                     let r = drive(c, &|| m.memory("VmRSS"));

@@ -34,6 +34,9 @@ pub fn run(a: Args) -> super::CliResult {
     };
     // Holding the mount lock keeps a server from starting while rows are reclaimed.
     let _lock = if a.repair {
+        if let Err(e) = crate::replica::refuse_if_replicated(&a.db, "repairing it") {
+            return fail(e.to_string());
+        }
         match crate::sys::lock::lock_db(&a.db) {
             Ok(l) => Some(l),
             Err(e) => return fail(format!("{e}; unmount it before --repair")),

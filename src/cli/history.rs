@@ -310,6 +310,8 @@ pub fn restore(a: RestoreArgs) -> super::CliResult {
     let p = project(&a.name)?;
     let ignore = ignore_of(&p)?;
     let (dir, delta) = (p.dir.clone(), p.db());
+    crate::replica::refuse_if_replicated(&delta, "restoring a snapshot into it")
+        .map_err(|e| e.to_string())?;
     let _lock = offline(&dir, &delta)?;
     let r = open(&dir)?.restore(&delta, &a.reference, &ignore)?;
     restored(&r, a.json, "restored")
@@ -320,6 +322,7 @@ pub fn undo(a: NameArgs) -> super::CliResult {
     let p = project(&a.name)?;
     let ignore = ignore_of(&p)?;
     let (dir, delta) = (p.dir.clone(), p.db());
+    crate::replica::refuse_if_replicated(&delta, "undoing into it").map_err(|e| e.to_string())?;
     let _lock = offline(&dir, &delta)?;
     let r = open(&dir)?.undo(&delta, &ignore)?;
     restored(&r, a.json, "undone")

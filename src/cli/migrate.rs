@@ -26,7 +26,10 @@ pub struct Args {
 
 pub fn run(a: Args) -> super::CliResult {
     let db = a.db.display().to_string();
+    // Never replace a file Litestream is shipping: it would go on with a WAL of the old file.
+    crate::replica::refuse_if_replicated(&a.db, "migrating it").map_err(|e| e.to_string())?;
     if let Some(target) = &a.copy {
+        crate::replica::refuse_if_replicated(target, "replacing it").map_err(|e| e.to_string())?;
         let opts = CopyOptions {
             overwrite: a.overwrite_target,
             verify: a.verify,

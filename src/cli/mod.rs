@@ -14,6 +14,7 @@ mod materialize;
 mod migrate;
 mod mount;
 mod progress;
+mod replica;
 mod sandbox;
 mod status;
 mod tools;
@@ -78,6 +79,11 @@ enum Command {
     Tools(tools::Args),
     /// Print the knob ledger (KNOBS.md).
     Knobs,
+    /// Replicate a project (its delta and its history) or a database continuously to an S3
+    /// bucket or a directory with Litestream, in the foreground until interrupted.
+    Replicate(replica::Args),
+    /// Restore a replica into a new project or a new database path and check it.
+    RestoreReplica(replica::RestoreArgs),
     /// Snapshot a project's upper layer (a tag names it; -m records a message).
     Snap(history::SnapArgs),
     /// List every snapshot of a project, oldest first; the current one (HEAD) is marked *.
@@ -135,6 +141,8 @@ pub fn main() -> i32 {
         Command::Materialize(a) => materialize::run(a),
         Command::Kv(a) => kv::run(a),
         Command::Tools(a) => tools::run(a),
+        Command::Replicate(a) => replica::run(a, knobs),
+        Command::RestoreReplica(a) => replica::restore(a, knobs),
         Command::Snap(a) => history::snap(a),
         Command::List(a) => history::list(a),
         Command::Log(a) => history::log(a),

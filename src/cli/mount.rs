@@ -32,6 +32,10 @@ pub struct Args {
     /// nonempty, and options passed to the kernel as they are (e.g. noatime).
     #[arg(short = 'o', value_delimiter = ',')]
     pub options: Vec<String>,
+    /// Replicate the database (a project's delta with its history) to this URL with
+    /// Litestream for the mount's lifetime (see `agentfs replicate`).
+    #[arg(long, value_name = "URL")]
+    pub replicate: Option<String>,
     /// Internal: run as the background server started by `agentfs mount` and report readiness
     /// on standard output.
     #[arg(long, hide = true)]
@@ -71,8 +75,15 @@ fn read_only_file(db: &Path) -> bool {
 
 pub fn run(mut a: Args, knobs: &Knobs) -> super::CliResult {
     let mut options = parse_options(&a.options);
+    let url = match &a.replicate {
+        Some(u) => Some(crate::replica::ReplicaUrl::parse(u).map_err(|e| e.to_string())?),
+        None => None,
+    };
     if a.daemon_child {
-        return run_child(&a, options, knobs);
+        return run_child(&a, options, url.as_ref(), knobs);
+    }
+    if url.is_some() {
+        crate::replica::litestream(knobs).map_err(|e| e.to_string())?;
     }
     if let Target::Project(name) =
         project::classify(a.db.as_os_str(), a.project).map_err(|e| e.to_string())?
@@ -126,7 +137,11 @@ pub fn run(mut a: Args, knobs: &Knobs) -> super::CliResult {
         options: options.clone(),
     };
     if a.foreground {
-        session::run(&cfg, knobs, &mut (), None).map_err(|e| e.to_string())?;
+        let rep = replicate(&a.db, url.as_ref(), options.readonly, knobs)?;
+        let served = session::run(&cfg, knobs, &mut (), None).map_err(|e| e.to_string());
+        let stopped = rep.map(|r| r.stop().map_err(|e| e.to_string()));
+        served?;
+        stopped.transpose()?;
         return Ok(0);
     }
     launch_background(&a)
@@ -173,6 +188,9 @@ fn launch_background(a: &Args) -> super::CliResult {
     if !a.options.is_empty() {
         cmd.arg("-o").arg(a.options.join(","));
     }
+    if let Some(u) = &a.replicate {
+        cmd.arg("--replicate").arg(u);
+    }
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -204,8 +222,31 @@ fn launch_background(a: &Args) -> super::CliResult {
     }
 }
 
-fn run_child(a: &Args, options: MountOptions, knobs: &Knobs) -> super::CliResult {
+/// Start replicating `db` to `url` for a mount's lifetime (a read-only mount is not replicated:
+/// it writes nothing).
+fn replicate(
+    db: &Path,
+    url: Option<&crate::replica::ReplicaUrl>,
+    readonly: bool,
+    knobs: &Knobs,
+) -> Result<Option<crate::replica::Replication>, String> {
+    match url {
+        Some(_) if readonly => {
+            Err("replicate_readonly: a read-only mount writes nothing to replicate".into())
+        }
+        Some(u) => super::replica::start(db, u, knobs).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn run_child(
+    a: &Args,
+    options: MountOptions,
+    url: Option<&crate::replica::ReplicaUrl>,
+    knobs: &Knobs,
+) -> super::CliResult {
     use std::io::Write as _;
+    let readonly = options.readonly;
     let cfg = SessionConfig {
         db: a.db.clone(),
         mount_point: a.mount_point.clone(),
@@ -213,6 +254,17 @@ fn run_child(a: &Args, options: MountOptions, knobs: &Knobs) -> super::CliResult
     };
     let stdout = crate::sys::stdio::take_stdout();
     let mut ready = PipeReady(stdout);
+    // Litestream starts before the server opens the database, so the server knows from the
+    // first open that checkpoints are Litestream's.
+    let rep = match replicate(&a.db, url, readonly, knobs) {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(mut f) = ready.0.take() {
+                let _ = writeln!(f, "error: {e}");
+            }
+            return Err(e);
+        }
+    };
     // Standard error (the log) goes to a file `agentfs status` names.
     let log = crate::sys::registry::log_path(std::process::id());
     let log = match crate::sys::stdio::stderr_to(&log) {
@@ -222,7 +274,13 @@ fn run_child(a: &Args, options: MountOptions, knobs: &Knobs) -> super::CliResult
             None
         }
     };
-    match session::run(&cfg, knobs, &mut ready, log) {
+    let served = session::run(&cfg, knobs, &mut ready, log);
+    if let Some(r) = rep {
+        if let Err(e) = r.stop() {
+            tracing::error!("{e}");
+        }
+    }
+    match served {
         Ok(()) => Ok(0),
         Err(e) => {
             if let Some(mut f) = ready.0.take() {

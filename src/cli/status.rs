@@ -4,6 +4,7 @@ use serde_json::{json, Value};
 
 use crate::knobs::Knobs;
 use crate::project::{self, Project};
+use crate::replica;
 use crate::sys::{mounts, registry};
 
 #[derive(clap::Args, Debug)]
@@ -39,14 +40,20 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
         } else {
             mounts_json(a.all)
         };
+        let replications = if a.name.is_some() {
+            Vec::new()
+        } else {
+            replications_json(knobs)
+        };
         super::say(format_args!(
             "{}",
-            json!({ "mounts": mounts, "projects": projects })
+            json!({ "mounts": mounts, "replications": replications, "projects": projects })
         ));
         return Ok(0);
     }
     if a.name.is_none() {
         print_mounts(a.all);
+        print_replications(knobs);
     }
     print_projects(&projects);
     Ok(0)
@@ -184,6 +191,58 @@ fn print_projects(projects: &[Value]) {
             p["delta_bytes"].as_u64().unwrap_or(0),
             position_text(&p["position"])
         );
+    }
+}
+
+/// Every live replication: its owner and Litestream pids, and per database the replica's
+/// position and lag (docs: "Many machines").
+fn replications_json(knobs: &Knobs) -> Vec<Value> {
+    replica::live()
+        .iter()
+        .map(|r| {
+            json!({
+                "pid": r.pid,
+                "litestream_pid": r.litestream_pid,
+                "litestream_alive": std::path::Path::new(&format!("/proc/{}", r.litestream_pid)).exists(),
+                "log": r.log,
+                "databases": replica::positions(r, knobs),
+            })
+        })
+        .collect()
+}
+
+fn print_replications(knobs: &Knobs) {
+    let live = replications_json(knobs);
+    if live.is_empty() {
+        return;
+    }
+    println!(
+        "{:<8} {:<10} {:>10} {:>10} {:>8} {:<22} DATABASE -> REPLICA",
+        "PID", "LITESTREAM", "LOCAL_TX", "REPLICA_TX", "LAG_TX", "REPLICA_TIME"
+    );
+    let num = |v: &Value| v.as_u64().map_or("?".to_string(), |n| n.to_string());
+    for r in &live {
+        let ls = if r["litestream_alive"] == true {
+            num(&r["litestream_pid"])
+        } else {
+            "exited".to_string()
+        };
+        for d in r["databases"].as_array().into_iter().flatten() {
+            println!(
+                "{:<8} {:<10} {:>10} {:>10} {:>8} {:<22} {} -> {}",
+                num(&r["pid"]),
+                ls,
+                num(&d["local_txid"]),
+                num(&d["replica_txid"]),
+                num(&d["lag_txns"]),
+                d["replica_time"].as_str().unwrap_or("-"),
+                d["db"].as_str().unwrap_or("?"),
+                d["url"].as_str().unwrap_or("?"),
+            );
+            if let Some(e) = d["error"].as_str() {
+                println!("         last error: {e}");
+            }
+        }
     }
 }
 

@@ -135,6 +135,10 @@ impl Writer {
         // page an operation touches, for the life of the connection). In memory it is
         // emptied at every release, so it only ever holds one operation's pages.
         conn.pragma_update(None, "temp_store", "MEMORY")?;
+        // A replicated database's WAL is Litestream's to checkpoint (src/replica.rs).
+        if crate::replica::leaves_checkpoints(path) {
+            conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        }
         Ok(Writer {
             conn,
             path: path.to_path_buf(),

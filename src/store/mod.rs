@@ -1509,13 +1509,17 @@ impl Store {
     }
 
     /// Fold the WAL into the main file and truncate it (clean unmount); so a copy of the main
-    /// file alone is complete. A no-op on a read-only open.
+    /// file alone is complete. A no-op on a read-only open; while the database is replicated
+    /// it only commits, and the checkpoint is left to Litestream (AGENTFS_REPLICA_LEAVE_CHECKPOINTS).
     pub fn checkpoint(&self) -> Result<(), Errno> {
         let Some(w) = &self.writer else {
             return Ok(());
         };
         let mut w = w.lock();
         w.commit()?;
+        if crate::replica::leaves_checkpoints(&self.path) {
+            return Ok(());
+        }
         let (busy, _, _): (i64, i64, i64) =
             w.conn()
                 .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {

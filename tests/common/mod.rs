@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod ops;
+pub mod s3;
 pub mod world;
 
 use std::fs;

