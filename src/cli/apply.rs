@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use super::{CliError, Code};
 use crate::delta::{apply, Overlay};
 use crate::sys::lock::{lock_db, LockError};
 
@@ -24,19 +25,29 @@ pub struct Args {
 }
 
 pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
-    a.db = crate::project::delta_path(&a.db, a.project, knobs).map_err(|e| e.to_string())?;
+    a.db = crate::project::delta_path(&a.db, a.project, knobs)?;
     // Held for the whole apply, so no mount of this database can start meanwhile. A dry run
     // writes nothing and may look at a mounted delta.
     let _lock = if a.dry_run {
         None
     } else {
-        Some(lock_db(&a.db).map_err(|e| match e {
-            LockError::HeldBy { path, pid } => format!(
-                "{path} is mounted (server pid {pid}); unmount it before apply (--dry-run works \
-                 while mounted)"
-            ),
-            LockError::Held { path } => format!("{path} is mounted; unmount it before apply"),
-            e => e.to_string(),
+        Some(lock_db(&a.db).map_err(|e| {
+            match e {
+                LockError::HeldBy { path, pid } => CliError::new(
+                    Code::AlreadyMounted,
+                    format!(
+                        "{path} is mounted (server pid {pid}); unmount it before apply (--dry-run \
+                     works while mounted)"
+                    ),
+                )
+                .at(path),
+                LockError::Held { path } => CliError::new(
+                    Code::AlreadyMounted,
+                    format!("{path} is mounted; unmount it before apply"),
+                )
+                .at(path),
+                e => e.into(),
+            }
         })?)
     };
     let overlay = Overlay::open(&a.db)?;
@@ -45,7 +56,7 @@ pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
         for c in &stale {
             println!("{}", c.describe());
         }
-        return Err(apply::conflict_error(&stale, a.force));
+        return Err(conflict(apply::conflict_error(&stale, a.force)));
     }
     let changes = overlay.changes()?;
     let base = overlay.snap.config.base_path.display().to_string();
@@ -70,7 +81,7 @@ pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
                 println!("{}", op.describe());
             }
         }
-        return Err(apply::conflict_error(&conflicts, false));
+        return Err(conflict(apply::conflict_error(&conflicts, false)));
     }
     let ops = apply::plan(&changes, !a.force)?;
     if a.dry_run {
@@ -95,4 +106,9 @@ pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
         })?;
     }
     Ok(0)
+}
+
+/// Base objects changed since the delta saw them: the apply_conflict refusal.
+fn conflict(message: String) -> CliError {
+    CliError::new(Code::ApplyConflict, message)
 }
