@@ -94,6 +94,20 @@ codes! {
     ProjectExists = "project_exists", Exists;
     ProjectHasSource = "project_has_source", Exists;
     MountInsideSource = "mount_inside_source", MountPointConflict;
+    UnknownRef = "unknown_ref", NotFound;
+    NothingToUndo = "nothing_to_undo", NotFound;
+    AmbiguousRef = "ambiguous_ref", Usage;
+    BadTag = "bad_tag", Usage;
+    TagExists = "tag_exists", Exists;
+    BadIgnorePattern = "bad_ignore_pattern", ConfigInvalid;
+    BadKnob = "bad_knob", ConfigInvalid;
+    CheckpointUnavailable = "checkpoint_unavailable", Io;
+    CheckpointFailed = "checkpoint_failed", ServerFailed;
+    CorruptObject = "corrupt_object", DbCorrupt;
+    MissingObject = "missing_object", DbCorrupt;
+    BadObject = "bad_object", DbCorrupt;
+    BadLink = "bad_link", DbCorrupt;
+    MissingLink = "missing_link", DbCorrupt;
 }
 
 impl Code {

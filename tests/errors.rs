@@ -146,6 +146,13 @@ fn sandbox_refusals(user: Option<u32>) {
         "policy_invalid",
     );
     assert_eq!(e["detail"], "policy_empty");
+    // The project exists now (quick made it before refusing); it has no snapshot to restore.
+    let e = failed(
+        &w.af(&["restore", "proj", "nosuch", "--json"]),
+        2,
+        "not_found",
+    );
+    assert_eq!(e["detail"], "unknown_ref");
     // User namespaces switched off (in a user namespace of its own, so the host's stay on).
     let script =
         r#"echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" --json run proj -- true"#;
