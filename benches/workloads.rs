@@ -382,7 +382,7 @@ enum Backend {
         bin: PathBuf,
         dir: PathBuf,
         budget: Option<u64>,
-        mount: Option<AgentFsMount>,
+        mount: Option<Box<AgentFsMount>>,
         /// Replicate each repetition's fresh database to a fresh path under this URL.
         replicate: Option<replica::Replicas>,
     },
@@ -435,14 +435,14 @@ impl Target {
             let mnt = dir.join("mnt");
             fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
             let url = replicate.as_mut().map(replica::Replicas::next);
-            *mount = Some(AgentFsMount::start_with(
+            *mount = Some(Box::new(AgentFsMount::start_with(
                 bin,
                 &dir.join("fs.db"),
                 &mnt,
                 &dir.join("server.log"),
                 *budget,
                 url.as_deref(),
-            )?);
+            )?));
         }
         let root = self.root();
         if root.exists() {

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod delta;
 pub mod dispatch;
 pub mod errno;
+pub mod errors;
 pub mod history;
 pub mod knobs;
 pub mod memory;

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::errors::Code;
 use crate::knobs::Knobs;
 use crate::project::{self, Error};
 use crate::sys::registry;
@@ -45,7 +46,7 @@ impl ReplicaUrl {
     pub fn parse(s: &str) -> Result<ReplicaUrl, Error> {
         let bad = |why: &str| {
             Error::new(
-                "bad_replica_url",
+                Code::BadReplicaUrl,
                 format!("{s}: {why} (give s3://BUCKET/PATH[?endpoint=URL] or file:///DIR)"),
             )
         };
@@ -131,7 +132,7 @@ pub fn litestream(knobs: &Knobs) -> Result<PathBuf, Error> {
     };
     let Some(bin) = found else {
         return Err(Error::new(
-            "litestream_missing",
+            Code::LitestreamMissing,
             format!("Litestream not found: {INSTALL}"),
         ));
     };
@@ -141,7 +142,7 @@ pub fn litestream(knobs: &Knobs) -> Result<PathBuf, Error> {
         .output()
         .map_err(|e| {
             Error::new(
-                "litestream_missing",
+                Code::LitestreamMissing,
                 format!("{}: {e}: {INSTALL}", bin.display()),
             )
         })?;
@@ -149,7 +150,7 @@ pub fn litestream(knobs: &Knobs) -> Result<PathBuf, Error> {
     let v = version.trim_start_matches('v');
     if !out.status.success() || !v.starts_with(&format!("{SUPPORTED}.")) {
         return Err(Error::new(
-            "litestream_version",
+            Code::LitestreamVersion,
             format!(
                 "{} reports version {version:?}; agentfs drives Litestream {SUPPORTED}.x: {INSTALL}",
                 bin.display()
@@ -168,11 +169,11 @@ fn is_executable(f: &Path) -> bool {
 /// (`delta.db` beside a `config.toml`) goes to `url/delta` with its history (`store/history.db`,
 /// made when absent) to `url/history`; any other database to `url` itself.
 pub fn databases(db: &Path, url: &ReplicaUrl) -> Result<Vec<(PathBuf, ReplicaUrl)>, Error> {
-    let db =
-        std::path::absolute(db).map_err(|e| Error::new("io", format!("{}: {e}", db.display())))?;
+    let db = std::path::absolute(db)
+        .map_err(|e| Error::new(Code::Io, format!("{}: {e}", db.display())))?;
     if !db.is_file() {
         return Err(Error::new(
-            "no_database",
+            Code::NoDatabase,
             format!("{}: no such database", db.display()),
         ));
     }
@@ -182,7 +183,7 @@ pub fn databases(db: &Path, url: &ReplicaUrl) -> Result<Vec<(PathBuf, ReplicaUrl
     let store = dir.join(project::HISTORY);
     let history = store.join(crate::history::db::DB_NAME);
     if !history.exists() {
-        crate::history::db::Db::open(&store).map_err(|e| Error::new("history", e))?;
+        crate::history::db::Db::open(&store).map_err(|e| Error::new(Code::Io, e))?;
     }
     Ok(vec![
         (db, url.child("delta")),
@@ -306,7 +307,7 @@ pub fn refuse_if_replicated(db: &Path, what: &str) -> Result<(), Error> {
     match replicating(db) {
         None => Ok(()),
         Some(r) => Err(Error::new(
-            "replicating",
+            Code::Replicating,
             format!(
                 "{} is being replicated (agentfs pid {}, Litestream pid {}): stop the replication before {what}",
                 db.display(),
@@ -350,7 +351,8 @@ impl Replication {
         for (db, _) in &dbs {
             refuse_if_replicated(db, "starting another replication")?;
         }
-        let io = |p: &Path, e: std::io::Error| Error::new("io", format!("{}: {e}", p.display()));
+        let io =
+            |p: &Path, e: std::io::Error| Error::new(Code::Io, format!("{}: {e}", p.display()));
         let dir = registry::runtime_dir();
         std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
         let me = std::process::id();
@@ -390,7 +392,7 @@ impl Replication {
         std::thread::sleep(Duration::from_millis(300));
         if let Some(msg) = r.exited() {
             let _ = r.stop();
-            return Err(Error::new("litestream_failed", msg));
+            return Err(Error::new(Code::LitestreamFailed, msg));
         }
         Ok(r)
     }
@@ -442,7 +444,7 @@ impl Replication {
         }
         let behind = |why: String| {
             Error::new(
-                "replica_behind",
+                Code::ReplicaBehind,
                 format!(
                     "the last Litestream pass {why}: the replica may miss the newest changes ({})",
                     last_error(&self.log()).unwrap_or_default()
@@ -595,7 +597,7 @@ pub fn restore(
     let bin = litestream(knobs)?;
     if out.exists() {
         return Err(Error::new(
-            "restore_target_exists",
+            Code::RestoreTargetExists,
             format!("{} exists: restore into a new path", out.display()),
         ));
     }
@@ -608,7 +610,7 @@ pub fn restore(
     let res = cmd
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| Error::new("litestream_failed", format!("{}: {e}", bin.display())))?;
+        .map_err(|e| Error::new(Code::LitestreamFailed, format!("{}: {e}", bin.display())))?;
     if res.status.success() && out.is_file() {
         return Ok(());
     }
@@ -625,12 +627,12 @@ pub fn restore(
             .map(|t| format!(" at or before {t}"))
             .unwrap_or_default();
         return Err(Error::new(
-            "replica_empty",
+            Code::ReplicaEmpty,
             format!("{url} holds no replica{when}"),
         ));
     }
     Err(Error::new(
-        "litestream_failed",
+        Code::LitestreamFailed,
         format!("restoring {url}: {line}"),
     ))
 }

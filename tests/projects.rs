@@ -49,7 +49,7 @@ fn quick_makes_reuses_and_names(w: &World) {
     assert_eq!(fs::read_dir(&api).unwrap().count(), 1);
     let out = w.af(&["status", "api"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains(api_s));
-    refused(&w.af(&["status", "nope"]), 1, "no_project");
+    refused(&w.af(&["status", "nope"]), 2, "no_project");
 }
 
 #[test]
@@ -203,9 +203,9 @@ fn a_name_or_a_database_path() {
     let w = World::new(None);
     // A bare word that is also a file here is refused, never guessed.
     fs::write(w.base.join("notes"), b"").unwrap();
-    refused(&w.af(&["init", "notes"]), 1, "ambiguous_name");
-    refused(&w.af(&["mount", "notes", "/tmp"]), 1, "ambiguous_name");
-    refused(&w.af(&["diff", "notes"]), 1, "ambiguous_name");
+    refused(&w.af(&["init", "notes"]), 2, "ambiguous_name");
+    refused(&w.af(&["mount", "notes", "/tmp"]), 2, "ambiguous_name");
+    refused(&w.af(&["diff", "notes"]), 2, "ambiguous_name");
     // --project takes it as a name.
     let out = w.af(&["init", "--project", "notes"]);
     assert!(out.status.success(), "{}", err(&out));
@@ -221,7 +221,7 @@ fn a_name_or_a_database_path() {
         vec![("notes".to_string(), String::new())],
         "no project for a path"
     );
-    refused(&w.af(&["init", "notes", "--project"]), 1, "project_exists");
+    refused(&w.af(&["init", "notes", "--project"]), 4, "project_exists");
     refused(&w.af(&["run", "nothing", "--", "true"]), 125, "no_project");
     refused(&w.af(&["run", "notes", "--", "true"]), 125, "no_source");
     // Every verb the hint names takes --project: the name, not the file, is meant.
@@ -247,7 +247,7 @@ fn init_mount_write_diff(w: &World) {
     assert!(!common::is_mounted(&src));
     assert_eq!(listed(w), vec![("web".into(), src_s.into())]);
     // The directory itself cannot be a mount point of its own delta.
-    refused(&w.af(&["mount", "web", src_s]), 1, "mount_inside_source");
+    refused(&w.af(&["mount", "web", src_s]), 4, "mount_inside_source");
     let out = w.af(&["mount", "web", mnt_s]);
     assert!(out.status.success(), "{}", err(&out));
     let _cleanup = UnmountOnDrop(mnt.clone());
@@ -278,7 +278,7 @@ fn init_mount_write_diff(w: &World) {
     assert!(out.status.success(), "{}", err(&out));
     refused(
         &w.af(&["init", "web2", "--source", src_s]),
-        1,
+        4,
         "project_exists",
     );
     assert_eq!(listed(w).len(), 2);

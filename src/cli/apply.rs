@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use super::{CliError, Code};
 use crate::delta::{apply, Overlay};
 use crate::sys::lock::{lock_db, LockError};
 
@@ -21,33 +22,110 @@ pub struct Args {
     /// with an apply_conflict error listing them).
     #[arg(long)]
     pub force: bool,
+    /// Apply a project's snapshot (a tag, a commit, HEAD, HEAD~N) instead of its delta as it
+    /// stands; works while the project's sandbox runs (its delta is copied in one transaction
+    /// and the snapshot applied from the copy).
+    #[arg(long, value_name = "REF")]
+    pub from: Option<String>,
+    /// Apply only the changes at P or beneath it (a path in the project, `/src` or `src`),
+    /// with the new parent directories they need; repeatable.
+    #[arg(long = "path", value_name = "P")]
+    pub paths: Vec<String>,
 }
 
 pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
-    a.db = crate::project::delta_path(&a.db, a.project, knobs).map_err(|e| e.to_string())?;
+    let arg = a.db.clone();
+    a.db = crate::project::delta_path(&a.db, a.project, knobs)?;
+    if let Some(reference) = a.from.clone() {
+        return from_snapshot(&a, &arg, &reference, knobs);
+    }
+    apply(&a, &a.db)
+}
+
+/// `--from REF`: a private copy of the project's delta (taken in one transaction, so a running
+/// sandbox may keep writing the original) whose upper layer is made the snapshot, applied as
+/// a delta; the base records go to the project's delta, so its later applies know the base.
+fn from_snapshot(
+    a: &Args,
+    arg: &std::path::Path,
+    reference: &str,
+    knobs: &crate::knobs::Knobs,
+) -> super::CliResult {
+    let project = match crate::project::classify(arg.as_os_str(), a.project)? {
+        crate::project::Target::Project(name) => {
+            crate::project::Project::open(&crate::project::root(knobs)?, &name)?
+        }
+        crate::project::Target::Database(_) => {
+            return Err(CliError::new(
+                Code::Usage,
+                "--from takes a project name: snapshots belong to projects",
+            ))
+        }
+    };
+    let copy = project
+        .dir
+        .join(format!("{APPLY_COPY}{}.db", std::process::id()));
+    let result = (|| {
+        crate::store::backup::backup(
+            &a.db,
+            &copy,
+            crate::store::backup::BackupOptions {
+                verify: false,
+                materialize: true,
+            },
+            &crate::store::progress::Quiet,
+        )?;
+        crate::history::History::open(&project.dir.join(crate::project::HISTORY))?
+            .materialize(&copy, reference)?;
+        apply(a, &copy)
+    })();
+    for end in ["", "-wal", "-shm"] {
+        let mut p = copy.clone().into_os_string();
+        p.push(end);
+        let _ = std::fs::remove_file(p);
+    }
+    result
+}
+
+/// The start of the name of `apply --from`'s private copy in the project's directory
+/// (`<prefix><pid>.db`): one left behind is an orphan of a killed apply.
+pub const APPLY_COPY: &str = "apply-copy-";
+
+/// Apply the delta `db` to its base; the base records are refreshed in `a.db`.
+fn apply(a: &Args, db: &std::path::Path) -> super::CliResult {
     // Held for the whole apply, so no mount of this database can start meanwhile. A dry run
     // writes nothing and may look at a mounted delta.
     let _lock = if a.dry_run {
         None
     } else {
-        Some(lock_db(&a.db).map_err(|e| match e {
-            LockError::HeldBy { path, pid } => format!(
-                "{path} is mounted (server pid {pid}); unmount it before apply (--dry-run works \
-                 while mounted)"
-            ),
-            LockError::Held { path } => format!("{path} is mounted; unmount it before apply"),
-            e => e.to_string(),
+        Some(lock_db(db).map_err(|e| {
+            match e {
+                LockError::HeldBy { path, pid } => CliError::new(
+                    Code::AlreadyMounted,
+                    format!(
+                        "{path} is mounted (server pid {pid}); unmount it before apply (--dry-run \
+                     works while mounted)"
+                    ),
+                )
+                .at(path),
+                LockError::Held { path } => CliError::new(
+                    Code::AlreadyMounted,
+                    format!("{path} is mounted; unmount it before apply"),
+                )
+                .at(path),
+                e => e.into(),
+            }
         })?)
     };
-    let overlay = Overlay::open(&a.db)?;
+    let overlay = Overlay::open(db)?;
     let stale = overlay.stale_partials();
     if !stale.is_empty() {
         for c in &stale {
             println!("{}", c.describe());
         }
-        return Err(apply::conflict_error(&stale, a.force));
+        return Err(conflict(apply::conflict_error(&stale, a.force)));
     }
-    let changes = overlay.changes()?;
+    let changes = selected(overlay.changes()?, &a.paths);
     let base = overlay.snap.config.base_path.display().to_string();
     if changes.is_empty() {
         println!("nothing to do: {base} already matches the delta");
@@ -70,7 +148,7 @@ pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
                 println!("{}", op.describe());
             }
         }
-        return Err(apply::conflict_error(&conflicts, false));
+        return Err(conflict(apply::conflict_error(&conflicts, false)));
     }
     let ops = apply::plan(&changes, !a.force)?;
     if a.dry_run {
@@ -95,4 +173,33 @@ pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
         })?;
     }
     Ok(0)
+}
+
+/// The changes at or beneath one of `paths` and the additions of their parent directories;
+/// all of them when `paths` is empty.
+fn selected(changes: Vec<crate::delta::Entry>, paths: &[String]) -> Vec<crate::delta::Entry> {
+    if paths.is_empty() {
+        return changes;
+    }
+    let wanted: Vec<Vec<u8>> = paths
+        .iter()
+        .map(|p| format!("/{}", p.trim_matches('/')).into_bytes())
+        .collect();
+    let beneath = |path: &[u8], top: &[u8]| {
+        top == b"/" || path == top || (path.starts_with(top) && path.get(top.len()) == Some(&b'/'))
+    };
+    changes
+        .into_iter()
+        .filter(|e| {
+            wanted.iter().any(|w| {
+                beneath(&e.path, w)
+                    || (e.change != crate::delta::Change::Modified && beneath(w, &e.path))
+            })
+        })
+        .collect()
+}
+
+/// Base objects changed since the delta saw them: the apply_conflict refusal.
+fn conflict(message: String) -> CliError {
+    CliError::new(Code::ApplyConflict, message)
 }

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::delta::patch::git_blob_id;
 use crate::delta::patch::Binary;
-use crate::delta::{Change, Entry, Kind, Overlay, Side};
+use crate::delta::{escaped, Change, Entry, Kind, Overlay, Side};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -36,19 +36,6 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Bytes as a JSON string: themselves when UTF-8, else each byte outside valid UTF-8 as
-/// `\xHH` (the exact bytes go along in hex, see [`change_json`]).
-fn text(bytes: &[u8]) -> String {
-    let mut out = String::new();
-    for chunk in bytes.utf8_chunks() {
-        out.push_str(chunk.valid());
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    out
-}
-
 /// The fields of one side, each prefixed `old_` or `new_` (all null for an absent side).
 fn side_json(
     overlay: &Overlay,
@@ -73,7 +60,7 @@ fn side_json(
         (
             "target",
             match (side, c) {
-                (Some(s), Some(c)) if s.kind == Kind::Symlink => json!(text(c)),
+                (Some(s), Some(c)) if s.kind == Kind::Symlink => json!(escaped(c)),
                 _ => null.clone(),
             },
         ),
@@ -101,7 +88,7 @@ fn change_json(
     new: Option<&Side>,
 ) -> Result<serde_json::Value, String> {
     let mut obj = serde_json::Map::new();
-    obj.insert("path".into(), json!(text(path)));
+    obj.insert("path".into(), json!(escaped(path)));
     let hex = std::str::from_utf8(path)
         .is_err()
         .then(|| crate::delta::hex(path));
@@ -154,7 +141,7 @@ pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
         [x, y] => return super::history::diff(&a.db.to_string_lossy(), x, y, a.json),
         _ => return Err("diff takes DB, or NAME A B (two snapshots of a project)".into()),
     }
-    a.db = crate::project::delta_path(&a.db, a.project, knobs).map_err(|e| e.to_string())?;
+    a.db = crate::project::delta_path(&a.db, a.project, knobs)?;
     let overlay = Overlay::open(&a.db)?;
     let changes = overlay.changes()?;
     let mut out = Vec::new();

@@ -48,13 +48,13 @@ fn caller() -> Caller {
     Caller { uid, gid }
 }
 
-fn err(path: &str) -> impl Fn(Errno) -> String + '_ {
-    move |e| format!("{path}: {e}")
+fn err(path: &str) -> impl Fn(Errno) -> super::CliError + '_ {
+    move |e| super::CliError::new(super::Code::of_errno(e.0), format!("{path}: {e}")).at(path)
 }
 
 pub fn run(a: Args) -> super::CliResult {
     let readonly = matches!(a.op, Op::Ls { .. } | Op::Cat { .. } | Op::Stat { .. });
-    let store = Store::open(&a.db, readonly).map_err(|e| e.to_string())?;
+    let store = Store::open(&a.db, readonly)?;
     match &a.op {
         Op::Ls { path } => {
             let ino = store.resolve(path.as_bytes()).map_err(err(path))?;
@@ -143,7 +143,7 @@ pub fn run(a: Args) -> super::CliResult {
             let target = store.lookup(p, name.as_bytes()).map_err(err(path))?;
             // Decided by taking the server lock, held until the removal is durable: with no
             // server, none can start meanwhile (one that starts later reaps orphans at start).
-            let offline = crate::sys::lock::offline(&a.db).map_err(|e| e.to_string())?;
+            let offline = crate::sys::lock::offline(&a.db)?;
             let live: &dyn Liveness = match offline {
                 crate::sys::lock::Offline::Served => &ServerReaps,
                 crate::sys::lock::Offline::Alone(_) => &NoReferences,

@@ -24,53 +24,59 @@ pub struct Args {
 /// Exit 0: clean (after repair, if asked); 1: findings remain; 2: could not check.
 pub fn run(a: Args) -> super::CliResult {
     let db = a.db.display().to_string();
-    let fail = |msg: String| {
+    // Could not check: the report says so, and the named error goes to stderr (exit 2).
+    let fail = |e: super::CliError| {
         if a.json {
-            println!("{}", json!({"db": db, "clean": false, "error": msg}));
-        } else {
-            eprintln!("agentfs: {msg}");
+            println!("{}", json!({"db": db, "clean": false, "error": e.message}));
         }
-        Ok(2)
+        Err(e.exit_with(2))
     };
     // Holding the mount lock keeps a server from starting while rows are reclaimed.
     let _lock = if a.repair {
         if let Err(e) = crate::replica::refuse_if_replicated(&a.db, "repairing it") {
-            return fail(e.to_string());
+            return fail(e.into());
         }
         match crate::sys::lock::lock_db(&a.db) {
             Ok(l) => Some(l),
-            Err(e) => return fail(format!("{e}; unmount it before --repair")),
+            Err(e) => {
+                let mut e = super::CliError::from(e);
+                e.message.push_str("; unmount it before --repair");
+                return fail(e);
+            }
         }
     } else {
         None
     };
     let store = match Store::open(&a.db, !a.repair) {
         Ok(s) => s,
-        Err(e) => return fail(e.to_string()),
+        Err(e) => return fail(e.into()),
     };
     let found = match store.check() {
         Ok(f) => f,
-        Err(e) => return fail(format!("{db}: cannot check: {e}")),
+        Err(e) => return fail(format!("{db}: cannot check: {e}").into()),
     };
     let damaged = found.iter().any(|f| f.rule == "sqlite_integrity");
     let mut repaired = Vec::new();
     let mut remaining = found.clone();
     if a.repair && found.iter().any(|f| repair_for(f.rule).is_some()) {
         if damaged {
-            return fail(format!(
+            return fail(
+                format!(
                 "{db}: SQLite reports damage (sqlite_integrity); not repairing — restore a backup"
-            ));
+            )
+                .into(),
+            );
         }
         repaired = match store.repair() {
             Ok(r) => r,
-            Err(e) => return fail(format!("{db}: repair failed: {e}")),
+            Err(e) => return fail(format!("{db}: repair failed: {e}").into()),
         };
         if let Err(e) = store.sync() {
-            return fail(format!("{db}: {e}"));
+            return fail(format!("{db}: {e}").into());
         }
         remaining = match store.check() {
             Ok(f) => f,
-            Err(e) => return fail(format!("{db}: cannot check: {e}")),
+            Err(e) => return fail(format!("{db}: cannot check: {e}").into()),
         };
     }
     if a.json {

@@ -1,5 +1,6 @@
 //! `agentfs init DB [--base DIR ...]` and `agentfs init NAME [--source DIR]`
 
+use super::Code;
 use std::path::PathBuf;
 
 use crate::knobs::Knobs;
@@ -41,13 +42,11 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
         inline_threshold: a.inline_threshold,
         ..InitOptions::default()
     };
-    if let Target::Project(name) =
-        project::classify(a.db.as_os_str(), a.project).map_err(|e| e.to_string())?
-    {
-        return init_project(&name, &a, &opts, knobs).map_err(|e| e.to_string());
+    if let Target::Project(name) = project::classify(a.db.as_os_str(), a.project)? {
+        return Ok(init_project(&name, &a, &opts, knobs)?);
     }
     match overlay_config(&a, &a.db)? {
-        None => Store::create(&a.db, &opts).map_err(|e| e.to_string())?,
+        None => Store::create(&a.db, &opts)?,
         Some(cfg) => overlay::create(&a.db, &opts, &cfg)?,
     }
     Ok(0)
@@ -63,7 +62,7 @@ fn init_project(
     let root = project::root(knobs)?;
     let mut p = Project::create(&root, name)?;
     let attached = overlay_config(a, &p.db())
-        .map_err(|e| project::Error::new("delta_create", e))
+        .map_err(|e| project::Error::new(Code::DeltaCreate, e))
         .and_then(|cfg| match cfg {
             Some(cfg) => p.attach(&cfg, opts),
             None => Ok(()),

@@ -69,28 +69,27 @@ fn print_base(db: &str, base: Option<&str>) {
 /// Exit 0: clean; 1: findings; 2: could not check.
 pub fn run(a: Args) -> super::CliResult {
     let db = a.db.display().to_string();
-    let fail = |msg: String| {
+    // Could not check: the report says so, and the named error goes to stderr (exit 2).
+    let fail = |e: super::CliError| {
         if a.json {
-            println!("{}", json!({"db": db, "clean": false, "error": msg}));
-        } else {
-            eprintln!("agentfs: {msg}");
+            println!("{}", json!({"db": db, "clean": false, "error": e.message}));
         }
-        Ok(2)
+        Err(e.exit_with(2))
     };
     let store = match Store::open(&a.db, true) {
         Ok(s) => s,
-        Err(e) => return fail(e.to_string()),
+        Err(e) => return fail(e.into()),
     };
     let bar = super::progress::Bar::spinner("checking");
     let result = findings(&store, a.require_portable, a.check_base);
     drop(bar);
     let found = match result {
         Ok(f) => f,
-        Err(e) => return fail(format!("{db}: {e}")),
+        Err(e) => return fail(format!("{db}: {e}").into()),
     };
     let base = match store.overlay_config() {
         Ok(cfg) => cfg.map(|c| c.base_path.display().to_string()),
-        Err(e) => return fail(e),
+        Err(e) => return fail(e.into()),
     };
     if a.json {
         let list: Vec<_> = found

@@ -38,11 +38,16 @@ pub enum Op {
 
 pub fn run(a: Args) -> super::CliResult {
     let readonly = matches!(a.op, Op::Get { .. } | Op::List { .. });
-    let store = Store::open(&a.db, readonly).map_err(|e| e.to_string())?;
+    let store = Store::open(&a.db, readonly)?;
     match a.op {
         Op::Get { key } => match store.kv_get(&key)? {
             Some(v) => println!("{v}"),
-            None => return Err(format!("{key}: no such key")),
+            None => {
+                return Err(super::CliError::new(
+                    super::Code::NotFound,
+                    format!("{key}: no such key"),
+                ))
+            }
         },
         Op::Set { key, value } => {
             let value = if value == "-" {
@@ -60,7 +65,10 @@ pub fn run(a: Args) -> super::CliResult {
         }
         Op::Delete { key } => {
             if !store.kv_delete(&key)? {
-                return Err(format!("{key}: no such key"));
+                return Err(super::CliError::new(
+                    super::Code::NotFound,
+                    format!("{key}: no such key"),
+                ));
             }
         }
         Op::List { prefix, json } => {

@@ -1,9 +1,11 @@
-//! The command line: one module per subcommand. Every failure is one line on stderr and a
-//! non-zero exit status.
+//! The command line: one module per subcommand. Every failure is one [`error::CliError`]: a
+//! code from the closed set, printed as one line on stderr (one JSON object with `--json`),
+//! and the exit status of its code.
 
 mod apply;
 mod backup;
 mod diff;
+pub mod error;
 mod fs;
 mod fsck;
 mod history;
@@ -20,7 +22,9 @@ mod status;
 mod tools;
 mod umount;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
+
+pub use error::{CliError, Code};
 
 /// AgentFS: a POSIX filesystem stored in one SQLite database.
 #[derive(Parser, Debug)]
@@ -28,6 +32,10 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Print a failure as one JSON object on stderr: {"error":{"code","detail","message",
+    /// "path"}} (verbs that report also print their output as JSON).
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -102,17 +110,22 @@ enum Command {
     Checkpoint(history::CheckpointArgs),
 }
 
-/// A failure of a subcommand, printed as `agentfs: <message>`.
-pub type CliResult = Result<i32, String>;
+/// A subcommand's exit status, or its failure (printed by [`error::report`]).
+pub type CliResult = Result<i32, CliError>;
 
 pub fn main() -> i32 {
-    let cli = Cli::parse();
+    let matches = match Cli::command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => return usage_error(e),
+    };
+    error::set_json(json_asked(&matches));
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => return usage_error(e),
+    };
     let knobs = match crate::knobs::load() {
         Ok(k) => k,
-        Err(e) => {
-            eprintln!("agentfs: {e}");
-            return 2;
-        }
+        Err(e) => return error::report(&CliError::new(Code::ConfigInvalid, e.to_string())),
     };
     let server = matches!(cli.command, Command::Mount(_));
     if !server {
@@ -157,11 +170,44 @@ pub fn main() -> i32 {
     };
     match result {
         Ok(code) => code,
-        Err(msg) => {
-            eprintln!("agentfs: {msg}");
-            1
-        }
+        Err(e) => error::report(&e),
     }
+}
+
+/// Whether `--json` was given, to the top level or to the subcommand (which may have its own).
+fn json_asked(m: &clap::ArgMatches) -> bool {
+    let mut level = Some(m);
+    while let Some(m) = level {
+        if let Ok(Some(true)) = m.try_get_one::<bool>("json") {
+            return true;
+        }
+        level = m.subcommand().map(|(_, sub)| sub);
+    }
+    false
+}
+
+/// A command line clap refused: its own text (help and version exit 0), or with `--json`
+/// before any `--`, one `usage` error object; exit 2.
+fn usage_error(e: clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    let json = std::env::args_os()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json");
+    if !json || matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        e.exit()
+    }
+    error::set_json(true);
+    let text = e.kind().as_str().map_or_else(
+        || e.to_string().lines().next().unwrap_or("").to_string(),
+        |k| k.to_string(),
+    );
+    let message = e
+        .to_string()
+        .lines()
+        .next()
+        .map_or(text, |l| l.trim_start_matches("error: ").to_string());
+    error::report(&CliError::new(Code::Usage, message))
 }
 
 /// Log to standard error, coloured only when it is a terminal (a log file stays plain text).

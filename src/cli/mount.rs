@@ -1,5 +1,6 @@
 //! `agentfs mount DB MNT [-f] [-o opts]` and `agentfs mount NAME DIR`
 
+use super::{CliError, Code};
 use std::io::BufRead as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -85,26 +86,28 @@ pub fn run(mut a: Args, knobs: &Knobs) -> super::CliResult {
     if url.is_some() {
         crate::replica::litestream(knobs).map_err(|e| e.to_string())?;
     }
-    if let Target::Project(name) =
-        project::classify(a.db.as_os_str(), a.project).map_err(|e| e.to_string())?
-    {
-        match project_delta(&name, &a.mount_point, knobs).map_err(|e| e.to_string())? {
+    if let Target::Project(name) = project::classify(a.db.as_os_str(), a.project)? {
+        match project_delta(&name, &a.mount_point, knobs)? {
             Some(db) => a.db = db,
             None => return Ok(0),
         }
     }
     // Check everything we can before starting a server, so errors come from this process.
-    check_mount_point(&a.mount_point, options.nonempty).map_err(|e| e.to_string())?;
+    check_mount_point(&a.mount_point, options.nonempty)?;
     if !a.db.exists() {
         if options.readonly {
-            return Err(format!(
-                "{}: no such database (cannot create it read-only)",
-                a.db.display()
-            ));
+            return Err(CliError::new(
+                Code::NotFound,
+                format!(
+                    "{}: no such database (cannot create it read-only)",
+                    a.db.display()
+                ),
+            )
+            .at(&a.db));
         }
-        Store::create(&a.db, &InitOptions::default()).map_err(|e| e.to_string())?;
+        Store::create(&a.db, &InitOptions::default())?;
     } else {
-        drop(Store::open(&a.db, true).map_err(|e| e.to_string())?);
+        drop(Store::open(&a.db, true)?);
         if !options.readonly && read_only_file(&a.db) {
             eprintln!(
                 "agentfs: {} cannot be written (file mode, immutable attribute or read-only filesystem): mounting it read-only",
@@ -115,15 +118,19 @@ pub fn run(mut a: Args, knobs: &Knobs) -> super::CliResult {
         }
     }
     if let Some(pid) = crate::sys::lock::holder_pid(&a.db) {
-        return Err(format!(
-            "{} is already mounted by agentfs server pid {pid}",
-            a.db.display()
-        ));
+        return Err(CliError::new(
+            Code::AlreadyMounted,
+            format!(
+                "{} is already mounted by agentfs server pid {pid}",
+                a.db.display()
+            ),
+        )
+        .at(&a.db));
     }
     // A read-only mount skips the check: it is how files are rescued from a damaged database.
     if !options.readonly && knobs.mount_quick_check {
         let budget = Duration::from_millis(knobs.mount_quick_check_ms);
-        if Store::quick_check(&a.db, budget).map_err(|e| e.to_string())? == QuickCheck::Stopped {
+        if Store::quick_check(&a.db, budget)? == QuickCheck::Stopped {
             eprintln!(
                 "agentfs: {}: the quick check stopped after {} ms and covered only part of the database (agentfs integrity checks it all)",
                 a.db.display(),
@@ -138,8 +145,8 @@ pub fn run(mut a: Args, knobs: &Knobs) -> super::CliResult {
     };
     if a.foreground {
         let rep = replicate(&a.db, url.as_ref(), options.readonly, knobs)?;
-        let served = session::run(&cfg, knobs, &mut (), None).map_err(|e| e.to_string());
-        let stopped = rep.map(|r| r.stop().map_err(|e| e.to_string()));
+        let served = session::run(&cfg, knobs, &mut (), None);
+        let stopped = rep.map(|r| r.stop());
         served?;
         stopped.transpose()?;
         return Ok(0);
@@ -156,7 +163,7 @@ fn project_delta(name: &str, dir: &Path, knobs: &Knobs) -> Result<Option<PathBuf
     let Some(source) = p.source() else {
         let cfg = overlay::check_base(&p.db(), dir)
             .map(OverlayConfig::new)
-            .map_err(|e| project::Error::new("source_missing", e))?;
+            .map_err(|e| project::Error::new(Code::SourceMissing, e))?;
         p.attach(&cfg, &InitOptions::default())?;
         super::say(format_args!(
             "project {name} overlays {}; enter it with: agentfs run {name}",
@@ -166,7 +173,7 @@ fn project_delta(name: &str, dir: &Path, knobs: &Knobs) -> Result<Option<PathBuf
     };
     if std::fs::canonicalize(dir).is_ok_and(|d| d.starts_with(source)) {
         return Err(project::Error::new(
-            "mount_inside_source",
+            Code::MountInsideSource,
             format!(
                 "{} lies inside {}, the directory project {name} overlays: mount it elsewhere, or use agentfs run {name} to see it at its real path",
                 dir.display(),
@@ -216,9 +223,15 @@ fn launch_background(a: &Args) -> super::CliResult {
         return Ok(0);
     }
     let _ = child.wait();
-    match line.strip_prefix("error: ") {
-        Some(msg) => Err(msg.to_string()),
-        None => Err("the server exited before the mount was live".into()),
+    // The server's report names its error's code: `error: CODE\tMESSAGE`.
+    match line.strip_prefix("error: ").map(|m| m.split_once('\t')) {
+        Some(Some((code, msg))) => {
+            Err(CliError::new(Code::named(code).unwrap_or(Code::Other), msg))
+        }
+        _ => Err(CliError::new(
+            Code::ServerFailed,
+            "the server exited before the mount was live",
+        )),
     }
 }
 
@@ -229,12 +242,13 @@ fn replicate(
     url: Option<&crate::replica::ReplicaUrl>,
     readonly: bool,
     knobs: &Knobs,
-) -> Result<Option<crate::replica::Replication>, String> {
+) -> Result<Option<crate::replica::Replication>, CliError> {
     match url {
-        Some(_) if readonly => {
-            Err("replicate_readonly: a read-only mount writes nothing to replicate".into())
-        }
-        Some(u) => super::replica::start(db, u, knobs).map(Some),
+        Some(_) if readonly => Err(CliError::new(
+            Code::ReplicateReadonly,
+            "a read-only mount writes nothing to replicate",
+        )),
+        Some(u) => Ok(Some(super::replica::start(db, u, knobs)?)),
         None => Ok(None),
     }
 }
@@ -260,7 +274,7 @@ fn run_child(
         Ok(r) => r,
         Err(e) => {
             if let Some(mut f) = ready.0.take() {
-                let _ = writeln!(f, "error: {e}");
+                let _ = writeln!(f, "error: {}\t{}", e.code, e.message);
             }
             return Err(e);
         }
@@ -283,10 +297,11 @@ fn run_child(
     match served {
         Ok(()) => Ok(0),
         Err(e) => {
+            let e = CliError::from(e);
             if let Some(mut f) = ready.0.take() {
-                let _ = writeln!(f, "error: {e}");
+                let _ = writeln!(f, "error: {}\t{}", e.code, e.message);
             }
-            Err(e.to_string())
+            Err(e)
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::errors::Code;
 use crate::knobs::Knobs;
 use crate::project::{self, Project, Target};
 use crate::replica::{self, ReplicaUrl, Replication};
@@ -78,7 +79,7 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
     };
     let stopped = rep.stop();
     if let Some(why) = died {
-        return Err(format!("litestream_failed: {why}"));
+        return Err(super::CliError::new(Code::LitestreamFailed, why));
     }
     stopped.map_err(|e| e.to_string())?;
     super::say(format_args!(
@@ -96,7 +97,7 @@ pub fn restore(a: RestoreArgs, knobs: &Knobs) -> super::CliResult {
             replica::restore(&url, &db, ts, knobs).map_err(|e| e.to_string())?;
             if let Err(e) = check_delta(&db) {
                 let _ = std::fs::remove_file(&db);
-                return Err(e);
+                return Err(e.into());
             }
             super::say(format_args!("{url} restored to {}: clean", db.display()));
             Ok(0)
@@ -104,8 +105,8 @@ pub fn restore(a: RestoreArgs, knobs: &Knobs) -> super::CliResult {
         Target::Project(name) => {
             let root = project::root(knobs).map_err(|e| e.to_string())?;
             let mut p = Project::create(&root, &name).map_err(|e| match e.code {
-                "project_exists" => format!("restore_target_exists: {}", e.message),
-                _ => e.to_string(),
+                Code::ProjectExists => super::CliError::new(Code::RestoreTargetExists, e.message),
+                _ => e.into(),
             })?;
             match restore_project(&mut p, &url, ts, a.source.as_deref(), knobs) {
                 Ok(source) => {
@@ -117,7 +118,7 @@ pub fn restore(a: RestoreArgs, knobs: &Knobs) -> super::CliResult {
                 }
                 Err(e) => {
                     let _ = std::fs::remove_dir_all(&p.dir);
-                    Err(e)
+                    Err(e.into())
                 }
             }
         }

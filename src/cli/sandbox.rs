@@ -2,6 +2,7 @@
 //! project's sandbox. A refusal before launch is `agentfs: <code>: <message>` and exit status
 //! 125; otherwise the status is the command's (128+N when a signal N killed it).
 
+use super::Code;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -111,8 +112,7 @@ enum How {
 
 /// Print a refusal and give the refusal's status.
 fn refuse(e: &Error) -> i32 {
-    eprintln!("agentfs: {e}");
-    REFUSED
+    super::error::report(&super::CliError::from(e.clone()).exit_with(REFUSED))
 }
 
 pub fn quick(a: QuickArgs, knobs: &Knobs) -> super::CliResult {
@@ -146,7 +146,7 @@ fn quick_project(
         .filter(|p| p.is_dir())
         .ok_or_else(|| {
             Error::new(
-                "source_missing",
+                Code::SourceMissing,
                 format!("{} is not a directory", dir.display()),
             )
         })?;
@@ -166,7 +166,7 @@ fn quick_project(
         Ok(p) if p.source() == Some(source.as_path()) => return Ok((p, false)),
         Ok(p) => {
             return Err(Error::new(
-                "name_taken",
+                Code::NameTaken,
                 format!(
                     "project {name} belongs to {}; choose another with --name",
                     p.source()
@@ -174,13 +174,13 @@ fn quick_project(
                 ),
             ))
         }
-        Err(e) if e.code == "no_project" => {}
+        Err(e) if e.code == Code::NoProject => {}
         Err(e) => return Err(e),
     }
     let mut p = Project::create(&root, &name)?;
     let cfg = overlay::check_base(&p.db(), &source)
         .map(OverlayConfig::new)
-        .map_err(|e| Error::new("delta_create", e));
+        .map_err(|e| Error::new(Code::DeltaCreate, e));
     if let Err(e) = cfg.and_then(|cfg| p.attach(&cfg, &InitOptions::default())) {
         let _ = std::fs::remove_dir_all(&p.dir);
         return Err(e);
@@ -246,9 +246,6 @@ fn launch(
     };
     match started {
         Ok(status) => status,
-        Err(e) => {
-            eprintln!("agentfs: {}: {e}", e.code());
-            REFUSED
-        }
+        Err(e) => super::error::report(&super::CliError::from(e).exit_with(REFUSED)),
     }
 }

@@ -85,7 +85,7 @@ fn call_json(c: &ToolCall) -> serde_json::Value {
 
 pub fn run(a: Args) -> super::CliResult {
     let readonly = !matches!(a.op, Op::Record { .. });
-    let store = Store::open(&a.db, readonly).map_err(|e| e.to_string())?;
+    let store = Store::open(&a.db, readonly)?;
     match a.op {
         Op::Record {
             name,

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::{CliError, Code};
 use crate::sys::{mount, mounts, registry};
 
 #[derive(clap::Args, Debug)]
@@ -28,13 +29,17 @@ pub fn run(a: Args) -> super::CliResult {
     let server = registry::live().into_iter().find(|r| r.mount_point == mnt);
     match (&entry, a.force) {
         (None, true) => return Ok(0),
-        (None, false) => return Err(format!("{} is not mounted", mnt.display())),
+        (None, false) => {
+            return Err(
+                CliError::new(Code::NotFound, format!("{} is not mounted", mnt.display())).at(&mnt),
+            )
+        }
         (Some(e), _) if !e.fstype.starts_with("fuse") => {
-            return Err(format!(
-                "{} is not a FUSE mount ({})",
-                mnt.display(),
-                e.fstype
-            ))
+            return Err(CliError::new(
+                Code::MountPointConflict,
+                format!("{} is not a FUSE mount ({})", mnt.display(), e.fstype),
+            )
+            .at(&mnt))
         }
         _ => {}
     }
@@ -47,34 +52,46 @@ pub fn run(a: Args) -> super::CliResult {
         mount::unmount(&mnt, true).map_err(|e| format!("unmount {}: {e}", mnt.display()))?;
         println!("detached {}", mnt.display());
         if let Some(pid) = pid.filter(|&p| stopped(p)) {
-            return Err(format!(
-                "server pid {pid} is stopped and was left so: it commits what it acknowledged \
+            return Err(busy(
+                format!(
+                    "server pid {pid} is stopped and was left so: it commits what it acknowledged \
                  and exits once continued (kill -CONT {pid}); the database is not final before"
+                ),
+                &mnt,
             ));
         }
     } else {
         // A stopped server cannot answer: the unmount would wait for it (writing back cached
         // pages) or fail as busy because of callers stuck waiting.
         if let Some(pid) = pid.filter(|&p| stopped(p)) {
-            return Err(format!(
-                "{} is not answering: server pid {pid} is stopped (continue it with \
-                 kill -CONT {pid}, or use --force)",
-                mnt.display()
+            return Err(busy(
+                format!(
+                    "{} is not answering: server pid {pid} is stopped (continue it with \
+                     kill -CONT {pid}, or use --force)",
+                    mnt.display()
+                ),
+                &mnt,
             ));
         }
         mount::unmount(&mnt, false).map_err(|e| match e.raw_os_error() {
             Some(libc::EBUSY) => match entry.as_ref().and_then(stuck_requests) {
-                Some(n) => format!(
-                    "{} is not answering: {n} requests have waited over a second for the \
-                     server; use --force",
-                    mnt.display()
+                Some(n) => busy(
+                    format!(
+                        "{} is not answering: {n} requests have waited over a second for the \
+                         server; use --force",
+                        mnt.display()
+                    ),
+                    &mnt,
                 ),
-                None => format!(
-                    "{} is busy (files open or a process inside); close them or use --force",
-                    mnt.display()
+                None => busy(
+                    format!(
+                        "{} is busy (files open or a process inside); close them or use --force",
+                        mnt.display()
+                    ),
+                    &mnt,
                 ),
             },
-            _ => format!("unmount {}: {e}", mnt.display()),
+            _ => CliError::new(Code::of_io(&e), format!("unmount {}: {e}", mnt.display())).at(&mnt),
         })?;
     }
     // The server finishes its last commit and checkpoint after the kernel lets go.
@@ -85,18 +102,24 @@ pub fn run(a: Args) -> super::CliResult {
     let deadline = Instant::now() + Duration::from_secs(a.wait);
     while proc_dir.exists() && !is_zombie(&proc_dir) {
         if a.force && stopped(rec.pid) {
-            return Err(format!(
-                "server pid {} stopped before it finished; continue it (kill -CONT {})",
-                rec.pid, rec.pid
+            return Err(busy(
+                format!(
+                    "server pid {} stopped before it finished; continue it (kill -CONT {})",
+                    rec.pid, rec.pid
+                ),
+                &mnt,
             ));
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "unmounted {}, but server pid {} is still writing the database after {}s \
-                 (the database is not final until it exits)",
-                mnt.display(),
-                rec.pid,
-                a.wait
+            return Err(busy(
+                format!(
+                    "unmounted {}, but server pid {} is still writing the database after {}s \
+                     (the database is not final until it exits)",
+                    mnt.display(),
+                    rec.pid,
+                    a.wait
+                ),
+                &mnt,
             ));
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -109,18 +132,31 @@ pub fn run(a: Args) -> super::CliResult {
         Some(Ok(())) => Ok(0),
         // --force aborts the connection: whatever the server reports, the user was warned.
         _ if a.force => Ok(0),
-        Some(Err(what)) => Err(format!(
-            "unmounted {}, but server pid {}: {what}{log}",
-            mnt.display(),
-            rec.pid
-        )),
-        None => Err(format!(
-            "unmounted {}, but server pid {} ended without reporting its final commit \
-             (killed?); acknowledged work may be lost{log}",
-            mnt.display(),
-            rec.pid
-        )),
+        Some(Err(what)) => Err(CliError::new(
+            Code::ServerFailed,
+            format!(
+                "unmounted {}, but server pid {}: {what}{log}",
+                mnt.display(),
+                rec.pid
+            ),
+        )
+        .at(&mnt)),
+        None => Err(CliError::new(
+            Code::ServerFailed,
+            format!(
+                "unmounted {}, but server pid {} ended without reporting its final commit \
+                 (killed?); acknowledged work may be lost{log}",
+                mnt.display(),
+                rec.pid
+            ),
+        )
+        .at(&mnt)),
     }
+}
+
+/// The server or the kernel holds the mount: the busy refusal.
+fn busy(message: String, mnt: &Path) -> CliError {
+    CliError::new(Code::Busy, message).at(mnt)
 }
 
 fn is_zombie(proc_dir: &std::path::Path) -> bool {

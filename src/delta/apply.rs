@@ -301,7 +301,7 @@ pub fn conflict_error(conflicts: &[Conflict], force: bool) -> String {
         ""
     };
     format!(
-        "apply_conflict: the base changed since the delta saw it at {} path(s): {}; nothing was \
+        "the base changed since the delta saw it at {} path(s): {}; nothing was \
          written{hint}",
         paths.len(),
         paths.join(", ")

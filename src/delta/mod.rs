@@ -135,6 +135,19 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Bytes as a JSON string: themselves when UTF-8, else each byte outside valid UTF-8 as
+/// `\xHH` (`diff --json` sends the exact bytes along in hex).
+pub fn escaped(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
 /// The path relative to the base root ("/a/b" -> "a/b").
 pub fn rel(path: &[u8]) -> &[u8] {
     path.strip_prefix(b"/").unwrap_or(path)
@@ -165,11 +178,17 @@ pub struct Overlay {
 impl Overlay {
     /// Open the delta database `db` read-only and its base directory.
     pub fn open(db: &Path) -> Result<Overlay, String> {
-        let store = Store::open(db, true).map_err(|e| e.to_string())?;
+        // Errors name their code first (`CODE: MESSAGE`), for the command line to classify.
+        let store = Store::open(db, true).map_err(|e| format!("{}: {e}", e.code()))?;
         let reader = store.overlay_pinned()?;
         let snap = reader.snapshot()?;
-        let base = Beneath::open(&snap.config.base_path)
-            .map_err(|e| format!("base {}: {e}", snap.config.base_path.display()))?;
+        let base = Beneath::open(&snap.config.base_path).map_err(|e| {
+            let code = match crate::errors::Code::of_io(&e) {
+                crate::errors::Code::NotFound => crate::errors::Code::BaseMissing,
+                c => c,
+            };
+            format!("{code}: base {}: {e}", snap.config.base_path.display())
+        })?;
         Ok(Overlay { reader, snap, base })
     }
 

@@ -415,6 +415,15 @@ fn ts(sec: i64, nsec: u32) -> Timespec {
 }
 
 /// Writes a stored state into the delta (inside the replacing transaction).
+/// What [`History::fill_upper`] made: the state, what was kept, the files (inode, blob, size,
+/// mtime) and their change time.
+type Filled = (
+    State,
+    crate::store::upper::Kept,
+    Vec<(Ino, Hash, u64, (i64, u32))>,
+    (i64, u32),
+);
+
 struct Fill<'a> {
     c: &'a Connection,
     files: Vec<(Ino, Hash, u64, (i64, u32))>,
@@ -632,30 +641,7 @@ impl History {
         message: &str,
         saved: Option<Hash>,
     ) -> Result<RestoreReport, String> {
-        let store = Store::open(delta, false).map_err(|e| e.to_string())?;
-        let (state, kept, files, ctime) = self.db.read(|c| {
-            let state = load_state(c, target)?;
-            let whiteouts = load_whiteouts(c, &state.whiteouts)?;
-            let mut fill = Fill {
-                c,
-                files: Vec::new(),
-                by_path: HashMap::new(),
-                links: Vec::new(),
-            };
-            let mut ctime = (0, 0);
-            let kept = store.replace_upper(&|p: &[u8]| ignore.path(p), |w| {
-                w.root(&Fill::node(&state.root, Body::Dir))?;
-                fill.dir(w, b"/", &state.tree())?;
-                fill.links(w)?;
-                for p in &whiteouts {
-                    w.whiteout(p)?;
-                }
-                ctime = (w.now().sec, w.now().nsec);
-                Ok(())
-            })?;
-            Ok((state, kept, fill.files, ctime))
-        })?;
-        drop(store);
+        let (state, kept, files, ctime) = self.fill_upper(delta, target, ignore)?;
         self.db.write(|c| {
             let sqle = |e: rusqlite::Error| format!("history: {e}");
             let (time_sec, time_nsec) = now();
@@ -694,6 +680,49 @@ impl History {
                 files: files.len() as u64,
             })
         })
+    }
+
+    /// Make the upper layer of `delta` equal the commit `target`, keeping the current layer's
+    /// paths `ignore` matches; returns the state, what was kept, the files made (inode, blob,
+    /// size, mtime) and the change time they got. Records nothing in the history.
+    fn fill_upper(
+        &mut self,
+        delta: &Path,
+        target: &Hash,
+        ignore: &Ignore,
+    ) -> Result<Filled, String> {
+        let store = Store::open(delta, false).map_err(|e| e.to_string())?;
+        self.db.read(|c| {
+            let state = load_state(c, target)?;
+            let whiteouts = load_whiteouts(c, &state.whiteouts)?;
+            let mut fill = Fill {
+                c,
+                files: Vec::new(),
+                by_path: HashMap::new(),
+                links: Vec::new(),
+            };
+            let mut ctime = (0, 0);
+            let kept = store.replace_upper(&|p: &[u8]| ignore.path(p), |w| {
+                w.root(&Fill::node(&state.root, Body::Dir))?;
+                fill.dir(w, b"/", &state.tree())?;
+                fill.links(w)?;
+                for p in &whiteouts {
+                    w.whiteout(p)?;
+                }
+                ctime = (w.now().sec, w.now().nsec);
+                Ok(())
+            })?;
+            Ok((state, kept, fill.files, ctime))
+        })
+    }
+
+    /// Make the upper layer of `delta`, a copy of a project's delta and never the live one,
+    /// exactly the snapshot `reference` names (the copy's own paths, ignored ones too, are
+    /// dropped), so `agentfs apply --from` reads a frozen state. Returns the commit.
+    pub fn materialize(&mut self, delta: &Path, reference: &str) -> Result<Hash, String> {
+        let h = self.resolve(reference)?;
+        self.fill_upper(delta, &h, &Ignore::none())?;
+        Ok(h)
     }
 
     /// Apply the checkpoint retention: along the history from HEAD, the newest `keep`

@@ -1,6 +1,7 @@
 //! `config.toml` (one per project) and `defaults.toml` (the user's defaults): typed, every
 //! unknown key refused, every error one line naming the file, the line and the key.
 
+use super::Code;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -184,7 +185,7 @@ pub fn parse<T: serde::de::DeserializeOwned>(file: &Path, text: &str) -> Result<
             format!(" line {line_no} (`{line}`)")
         });
         Error::new(
-            "config_invalid",
+            Code::ConfigInvalid,
             format!("{}{}: {message}", file.display(), place.unwrap_or_default()),
         )
     })
@@ -196,7 +197,7 @@ pub fn load<T: serde::de::DeserializeOwned + Default>(file: &Path) -> Result<T, 
         Ok(text) => parse(file, &text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
         Err(e) => Err(Error::new(
-            "config_unreadable",
+            Code::ConfigUnreadable,
             format!("{}: {e}", file.display()),
         )),
     }
@@ -204,7 +205,7 @@ pub fn load<T: serde::de::DeserializeOwned + Default>(file: &Path) -> Result<T, 
 
 /// The text written to a new project's config.toml: the values, then the keys it may hold.
 pub fn render(cfg: &ProjectConfig) -> Result<String, Error> {
-    let body = toml::to_string(cfg).map_err(|e| Error::new("config_invalid", e.to_string()))?;
+    let body = toml::to_string(cfg).map_err(|e| Error::new(Code::ConfigInvalid, e.to_string()))?;
     Ok(format!(
         "# agentfs project configuration. Keys (all optional apart from [project] source):\n\
          # [project] source, backend = \"fuse\"\n\
@@ -249,7 +250,7 @@ writable_roots = ["/srv/api/src"]
     fn errors_name_the_file_the_line_and_the_key() {
         let e = parse::<Settings>(Path::new("/d/defaults.toml"), "[home]\nmoed = \"full\"\n")
             .unwrap_err();
-        assert_eq!(e.code, "config_invalid");
+        assert_eq!(e.code, Code::ConfigInvalid);
         let m = e.to_string();
         assert!(
             m.contains("/d/defaults.toml line 2 (`moed = \"full\"`)"),

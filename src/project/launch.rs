@@ -2,6 +2,7 @@
 //! command to the launch request: paths resolved, masks listed, binds checked, the policy
 //! decided, the environment scrubbed, the shell's prompt marked.
 
+use super::Code;
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 
@@ -68,7 +69,7 @@ pub fn parse_bind(spec: &str, writable: bool, home: &Path) -> Result<Bind, Error
     let src_path = expand(src, home);
     let src = std::fs::canonicalize(&src_path).map_err(|e| {
         Error::new(
-            "bind_missing",
+            Code::BindMissing,
             format!("{flag} {spec}: {}: {e}", src_path.display()),
         )
     })?;
@@ -78,7 +79,7 @@ pub fn parse_bind(spec: &str, writable: bool, home: &Path) -> Result<Bind, Error
             let d = expand(d, home);
             if d.components().any(|c| c == Component::ParentDir) {
                 return Err(Error::new(
-                    "bad_bind",
+                    Code::BadBind,
                     format!("{flag} {spec}: the destination may not contain `..`"),
                 ));
             }
@@ -130,7 +131,7 @@ pub fn environment(
         };
         if k.is_empty() || k == SANDBOX_ENV {
             return Err(Error::new(
-                "bad_env",
+                Code::BadEnv,
                 format!("--env {item}: give K=V or the name K of a variable to pass through ({SANDBOX_ENV} is set by agentfs)"),
             ));
         }
@@ -185,7 +186,7 @@ pub fn shell_command(project: &str, shell: &Path) -> (Vec<OsString>, Vec<(OsStri
 fn check_delta(db: &Path, source: &Path) -> Result<(), Error> {
     let unusable = |e: String| {
         Error::new(
-            "delta_unusable",
+            Code::DeltaUnusable,
             format!(
                 "{}: {e} (agentfs integrity, agentfs fsck or agentfs migrate)",
                 db.display()
@@ -199,7 +200,7 @@ fn check_delta(db: &Path, source: &Path) -> Result<(), Error> {
         .map(|c| c.base_path);
     if base.as_deref() != Some(source) {
         return Err(Error::new(
-            "source_mismatch",
+            Code::SourceMismatch,
             format!(
                 "{} overlays {}, but config.toml names {} as the source",
                 db.display(),
@@ -224,13 +225,13 @@ pub fn request(
     let name = &project.name;
     let source = project.source().ok_or_else(|| {
         Error::new(
-            "no_source",
+            Code::NoSource,
             format!("project {name} overlays no directory yet: agentfs mount {name} DIR"),
         )
     })?;
     if !source.is_dir() {
         return Err(Error::new(
-            "source_missing",
+            Code::SourceMissing,
             format!(
                 "project {name}: its directory {} is missing",
                 source.display()
@@ -349,9 +350,9 @@ mod tests {
             ])
         );
         let e = environment("api", &["=v".into()], Vec::new()).unwrap_err();
-        assert_eq!(e.code, "bad_env");
+        assert_eq!(e.code, Code::BadEnv);
         let e = environment("api", &["AGENTFS_SANDBOX=x".into()], Vec::new()).unwrap_err();
-        assert_eq!(e.code, "bad_env");
+        assert_eq!(e.code, Code::BadEnv);
     }
 
     #[test]
@@ -367,14 +368,14 @@ mod tests {
         let b = parse_bind(d.path().to_str().unwrap(), false, Path::new("/h")).unwrap();
         assert_eq!(b.dst, canon);
         let e = parse_bind("/no/such/dir", false, Path::new("/h")).unwrap_err();
-        assert_eq!(e.code, "bind_missing");
+        assert_eq!(e.code, Code::BindMissing);
         let e = parse_bind(
             &format!("{}:/a/../b", d.path().display()),
             true,
             Path::new("/h"),
         )
         .unwrap_err();
-        assert_eq!(e.code, "bad_bind");
+        assert_eq!(e.code, Code::BadBind);
         assert_eq!(expand("~/.ssh", Path::new("/h")), PathBuf::from("/h/.ssh"));
         assert_eq!(expand("~", Path::new("/h")), PathBuf::from("/h"));
     }

@@ -18,6 +18,7 @@ use std::ffi::OsStr;
 use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 
+pub use crate::errors::Code;
 use crate::knobs::Knobs;
 use crate::store::overlay::{self, OverlayConfig};
 use crate::store::InitOptions;
@@ -26,12 +27,12 @@ use config::{ProjectConfig, Settings};
 /// A refusal or failure of a project operation: a stable snake_case code and one line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Error {
-    pub code: &'static str,
+    pub code: Code,
     pub message: String,
 }
 
 impl Error {
-    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
         Error {
             code,
             message: message.into(),
@@ -49,7 +50,7 @@ impl std::error::Error for Error {}
 
 impl From<crate::sandbox::policy::PolicyError> for Error {
     fn from(e: crate::sandbox::policy::PolicyError) -> Self {
-        Error::new(e.code(), e.to_string())
+        Error::new(e.kind(), e.to_string())
     }
 }
 
@@ -70,7 +71,7 @@ pub fn home() -> Result<PathBuf, Error> {
     match std::env::var_os("HOME") {
         Some(h) if Path::new(&h).is_absolute() => Ok(PathBuf::from(h)),
         _ => Err(Error::new(
-            "no_home",
+            Code::NoHome,
             "HOME is not set to an absolute path (set it, or AGENTFS_PROJECTS_DIR)",
         )),
     }
@@ -82,7 +83,7 @@ pub fn root(knobs: &Knobs) -> Result<PathBuf, Error> {
         return Ok(home()?.join(".agentfs"));
     }
     std::path::absolute(&knobs.projects_dir)
-        .map_err(|e| Error::new("no_home", format!("AGENTFS_PROJECTS_DIR: {e}")))
+        .map_err(|e| Error::new(Code::NoHome, format!("AGENTFS_PROJECTS_DIR: {e}")))
 }
 
 /// A project name: `[A-Za-z0-9][A-Za-z0-9._-]*`, at most 64 bytes, not ending in a database
@@ -124,7 +125,7 @@ pub fn name_for_dir(dir: &Path) -> Result<String, Error> {
         Ok(name)
     } else {
         Err(Error::new(
-            "bad_name",
+            Code::BadName,
             format!(
                 "cannot make a project name from {}; give one with --name",
                 dir.display()
@@ -155,7 +156,7 @@ fn classify_in(arg: &OsStr, force_project: bool, cwd: &Path) -> Result<Target, E
         return match s {
             Some(n) if valid_name(n) => Ok(Target::Project(n.to_string())),
             _ => Err(Error::new(
-                "bad_name",
+                Code::BadName,
                 format!(
                     "{} is not a project name ([A-Za-z0-9][A-Za-z0-9._-]*)",
                     arg.to_string_lossy()
@@ -167,7 +168,7 @@ fn classify_in(arg: &OsStr, force_project: bool, cwd: &Path) -> Result<Target, E
         Some(n) if valid_name(n) && !n.contains('/') => {
             if std::fs::symlink_metadata(cwd.join(n)).is_ok() {
                 Err(Error::new(
-                    "ambiguous_name",
+                    Code::AmbiguousName,
                     format!("{n} is both a project name and a file here: use ./{n} for the file or --project {n} for the project"),
                 ))
             } else {
@@ -187,7 +188,7 @@ pub fn delta_path(arg: &Path, force_project: bool, knobs: &Knobs) -> Result<Path
             let p = Project::open(&root(knobs)?, &name)?;
             if p.source().is_none() {
                 return Err(Error::new(
-                    "no_source",
+                    Code::NoSource,
                     format!("project {name} overlays no directory yet: agentfs mount {name} DIR"),
                 ));
             }
@@ -204,7 +205,7 @@ pub struct RootLock {
 
 /// Wait for the projects root's lock (`<root>/.lock`, an flock), making the root when absent.
 pub fn lock_root(root: &Path) -> Result<RootLock, Error> {
-    let io = |p: &Path, e: std::io::Error| Error::new("io", format!("{}: {e}", p.display()));
+    let io = |p: &Path, e: std::io::Error| Error::new(Code::Io, format!("{}: {e}", p.display()));
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -256,7 +257,7 @@ impl Project {
     pub fn open(root: &Path, name: &str) -> Result<Project, Error> {
         if !valid_name(name) {
             return Err(Error::new(
-                "bad_name",
+                Code::BadName,
                 format!("{name} is not a project name ([A-Za-z0-9][A-Za-z0-9._-]*)"),
             ));
         }
@@ -264,7 +265,7 @@ impl Project {
         let file = dir.join(CONFIG);
         if !file.exists() {
             return Err(Error::new(
-                "no_project",
+                Code::NoProject,
                 format!(
                     "no project named {name} (in {}); create it with agentfs init {name} or agentfs quick DIR",
                     root.display()
@@ -313,11 +314,12 @@ impl Project {
     pub fn create(root: &Path, name: &str) -> Result<Project, Error> {
         if !valid_name(name) {
             return Err(Error::new(
-                "bad_name",
+                Code::BadName,
                 format!("{name} is not a project name ([A-Za-z0-9][A-Za-z0-9._-]*)"),
             ));
         }
-        let io = |p: &Path, e: std::io::Error| Error::new("io", format!("{}: {e}", p.display()));
+        let io =
+            |p: &Path, e: std::io::Error| Error::new(Code::Io, format!("{}: {e}", p.display()));
         if !root.exists() {
             std::fs::DirBuilder::new()
                 .recursive(true)
@@ -330,7 +332,7 @@ impl Project {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 return Err(Error::new(
-                    "project_exists",
+                    Code::ProjectExists,
                     format!("a project named {name} exists already ({})", dir.display()),
                 ))
             }
@@ -355,7 +357,7 @@ impl Project {
         let text = config::render(&self.config)?;
         std::fs::write(&tmp, text)
             .and_then(|()| std::fs::rename(&tmp, &file))
-            .map_err(|e| Error::new("io", format!("{}: {e}", file.display())))
+            .map_err(|e| Error::new(Code::Io, format!("{}: {e}", file.display())))
     }
 
     /// Give the project its source: the delta database is made over `cfg.base_path` (check it
@@ -363,7 +365,7 @@ impl Project {
     pub fn attach(&mut self, cfg: &OverlayConfig, opts: &InitOptions) -> Result<(), Error> {
         if let Some(old) = self.source() {
             return Err(Error::new(
-                "project_has_source",
+                Code::ProjectHasSource,
                 format!(
                     "project {} already overlays {} (one source per project; make another with agentfs quick DIR --name NEW)",
                     self.name,
@@ -372,7 +374,7 @@ impl Project {
             ));
         }
         let db = self.db();
-        overlay::create(&db, opts, cfg).map_err(|e| Error::new("delta_create", e))?;
+        overlay::create(&db, opts, cfg).map_err(|e| Error::new(Code::DeltaCreate, e))?;
         self.config.project.source = Some(cfg.base_path.clone());
         if let Err(e) = self.save() {
             let _ = std::fs::remove_file(&db);
@@ -420,7 +422,10 @@ mod tests {
         assert_eq!(name_for_dir(Path::new("/c/My Repo")).unwrap(), "My-Repo");
         assert_eq!(name_for_dir(Path::new("/c/.dots")).unwrap(), "dots");
         assert_eq!(name_for_dir(Path::new("/c/data.db")).unwrap(), "data-db");
-        assert_eq!(name_for_dir(Path::new("/")).unwrap_err().code, "bad_name");
+        assert_eq!(
+            name_for_dir(Path::new("/")).unwrap_err().code,
+            Code::BadName
+        );
     }
 
     #[test]
@@ -443,7 +448,7 @@ mod tests {
         // A valid name that is also a file in the working directory is refused.
         std::fs::write(d.path().join("api"), b"").unwrap();
         let e = classify_in(&OsString::from("api"), false, d.path()).unwrap_err();
-        assert_eq!(e.code, "ambiguous_name");
+        assert_eq!(e.code, Code::AmbiguousName);
         assert!(
             e.message.contains("./api") && e.message.contains("--project api"),
             "{e}"
@@ -454,7 +459,7 @@ mod tests {
         );
         assert_eq!(
             classify(&OsString::from("x.db"), true).unwrap_err().code,
-            "bad_name"
+            Code::BadName
         );
     }
 }

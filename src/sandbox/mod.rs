@@ -69,23 +69,29 @@ pub enum SandboxError {
 impl SandboxError {
     /// A stable name for scripts and the run record.
     pub fn code(&self) -> &'static str {
+        self.kind().as_str()
+    }
+
+    /// The error code (src/errors.rs).
+    pub fn kind(&self) -> crate::errors::Code {
+        use crate::errors::Code;
         match self {
-            SandboxError::UsernsDisabled => "userns_disabled",
-            SandboxError::UsernsApparmor(_) => "userns_apparmor",
-            SandboxError::UsernsDenied(_) => "userns_denied",
-            SandboxError::FuseUnavailable(_) => "fuse_unavailable",
-            SandboxError::ProjectMissing(_) => "project_missing",
-            SandboxError::DbCorrupt(_) => "db_corrupt",
-            SandboxError::DbOldSchema(_) => "db_old_schema",
-            SandboxError::DbBusy(_) => "db_busy",
-            SandboxError::MountFailed { .. } => "mount_failed",
-            SandboxError::BindFailed { .. } => "bind_failed",
-            SandboxError::PolicyUnenforceable(_) => "policy_unenforceable",
-            SandboxError::CommandFailed(_) => "command_failed",
-            SandboxError::Server(_) => "server_failed",
-            SandboxError::Io(_) => "io",
-            SandboxError::Config(_) => "bad_config",
-            SandboxError::FreezerUnavailable(_) => "freezer_unavailable",
+            SandboxError::UsernsDisabled => Code::UsernsDisabled,
+            SandboxError::UsernsApparmor(_) => Code::UsernsApparmor,
+            SandboxError::UsernsDenied(_) => Code::UsernsDenied,
+            SandboxError::FuseUnavailable(_) => Code::FuseUnavailable,
+            SandboxError::ProjectMissing(_) => Code::ProjectMissing,
+            SandboxError::DbCorrupt(_) => Code::DbCorrupt,
+            SandboxError::DbOldSchema(_) => Code::DbOldSchema,
+            SandboxError::DbBusy(_) => Code::DbBusy,
+            SandboxError::MountFailed { .. } => Code::MountFailed,
+            SandboxError::BindFailed { .. } => Code::BindFailed,
+            SandboxError::PolicyUnenforceable(_) => Code::PolicyUnenforceable,
+            SandboxError::CommandFailed(_) => Code::CommandFailed,
+            SandboxError::Server(_) => Code::ServerFailed,
+            SandboxError::Io(_) => Code::Io,
+            SandboxError::Config(_) => Code::BadConfig,
+            SandboxError::FreezerUnavailable(_) => Code::FreezerUnavailable,
         }
     }
 

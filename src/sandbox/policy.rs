@@ -56,14 +56,20 @@ pub enum PolicyError {
 impl PolicyError {
     /// A stable snake_case name for the refusal.
     pub fn code(&self) -> &'static str {
+        self.kind().as_str()
+    }
+
+    /// The error code (src/errors.rs).
+    pub fn kind(&self) -> crate::errors::Code {
+        use crate::errors::Code;
         match self {
-            PolicyError::NotAbsolute(_) => "policy_not_absolute",
-            PolicyError::DotDot(_) => "policy_dotdot",
-            PolicyError::OutsideRoots(_) => "policy_outside_roots",
-            PolicyError::SymlinkEscape(..) => "policy_symlink_escape",
-            PolicyError::Unresolvable(..) => "policy_unresolvable",
-            PolicyError::Empty => "policy_empty",
-            PolicyError::Contradiction(_) => "policy_contradiction",
+            PolicyError::NotAbsolute(_) => Code::PolicyNotAbsolute,
+            PolicyError::DotDot(_) => Code::PolicyDotdot,
+            PolicyError::OutsideRoots(_) => Code::PolicyOutsideRoots,
+            PolicyError::SymlinkEscape(..) => Code::PolicySymlinkEscape,
+            PolicyError::Unresolvable(..) => Code::PolicyUnresolvable,
+            PolicyError::Empty => Code::PolicyEmpty,
+            PolicyError::Contradiction(_) => Code::PolicyContradiction,
         }
     }
 }

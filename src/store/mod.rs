@@ -234,6 +234,36 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// The error code (src/errors.rs).
+    pub fn code(&self) -> crate::errors::Code {
+        use crate::errors::Code;
+        match self {
+            StoreError::NotSqlite { .. } | StoreError::Invalid { .. } => Code::NotADatabase,
+            StoreError::OldSchema { .. } => Code::DbOldSchema,
+            StoreError::UnknownSchema { .. } => Code::DbUnknownSchema,
+            StoreError::Corrupt { .. } => Code::DbCorrupt,
+            StoreError::Exists { .. } => Code::Exists,
+            StoreError::Sqlite { source, .. } => Code::of_sqlite(source),
+            StoreError::Io { source, .. } => Code::of_io(source),
+        }
+    }
+
+    /// The database it concerns.
+    pub fn path(&self) -> &str {
+        match self {
+            StoreError::NotSqlite { path }
+            | StoreError::OldSchema { path, .. }
+            | StoreError::UnknownSchema { path, .. }
+            | StoreError::Invalid { path, .. }
+            | StoreError::Corrupt { path, .. }
+            | StoreError::Exists { path }
+            | StoreError::Sqlite { path, .. }
+            | StoreError::Io { path, .. } => path,
+        }
+    }
+}
+
 /// The SQLite side of [`batch::Durability`]: a group commit is one transaction on the writer
 /// connection; the barrier is [`conn::Writer::sync`] (a real fdatasync of the WAL).
 pub struct SqliteDurability {

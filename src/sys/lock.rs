@@ -27,6 +27,27 @@ pub enum LockError {
     },
 }
 
+impl LockError {
+    /// The error code (src/errors.rs).
+    pub fn code(&self) -> crate::errors::Code {
+        match self {
+            LockError::HeldBy { .. } | LockError::Held { .. } => {
+                crate::errors::Code::AlreadyMounted
+            }
+            LockError::Io { source, .. } => crate::errors::Code::of_io(source),
+        }
+    }
+
+    /// The database it concerns.
+    pub fn path(&self) -> &str {
+        match self {
+            LockError::HeldBy { path, .. }
+            | LockError::Held { path }
+            | LockError::Io { path, .. } => path,
+        }
+    }
+}
+
 /// Take the server lock on `db`, or say who holds it.
 pub fn lock_db(db: &Path) -> Result<DbLock, LockError> {
     let path = db.display().to_string();
