@@ -531,7 +531,7 @@ fn exec_that_cannot_join_the_sandboxs_cgroup_is_refused_or_says_so() {
     launched(&child.wait_with_output().unwrap());
 }
 
-/// While a sandbox runs on the project, `restore` and `undo` refuse (`sandbox_live`, exit 1)
+/// While a sandbox runs on the project, `restore` and `undo` refuse (`sandbox_live`, exit 4)
 /// and change nothing; once it has ended they work.
 #[test]
 fn restore_and_undo_refuse_while_the_sandbox_runs() {
@@ -542,7 +542,7 @@ fn restore_and_undo_refuse_while_the_sandbox_runs() {
     let (child, go) = live_sandbox(&r, "echo two > f", &quiet);
     let before = r.json(&["log", "p"]);
     for verb in [vec!["restore", "p", "HEAD"], vec!["undo", "p"]] {
-        refused(&r.w.af(&verb), 1, "sandbox_live");
+        refused(&r.w.af(&verb), 4, "sandbox_live");
     }
     assert_eq!(r.json(&["log", "p"]), before, "the history changed");
     drop(go);

@@ -525,10 +525,10 @@ fn restore_refuses_while_a_sandbox_or_a_server_holds_the_delta() {
     let mut p = Project::new(|_| {});
     p.json("snap", &["t"]);
     let live = p.dir().join("live.json");
-    // Refused with one named line and exit 1, and nothing changed: the same history.
+    // Refused with one named line and exit 4 (a conflict with the present state), and nothing changed: the same history.
     let before = p.json("log", &[]);
     let one_line = |out: &Output| {
-        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(out.status.code(), Some(4));
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.starts_with("agentfs: sandbox_live: "), "{err}");

