@@ -77,14 +77,14 @@ fn read_only_file(db: &Path) -> bool {
 pub fn run(mut a: Args, knobs: &Knobs) -> super::CliResult {
     let mut options = parse_options(&a.options);
     let url = match &a.replicate {
-        Some(u) => Some(crate::replica::ReplicaUrl::parse(u).map_err(|e| e.to_string())?),
+        Some(u) => Some(crate::replica::ReplicaUrl::parse(u)?),
         None => None,
     };
     if a.daemon_child {
         return run_child(&a, options, url.as_ref(), knobs);
     }
     if url.is_some() {
-        crate::replica::litestream(knobs).map_err(|e| e.to_string())?;
+        crate::replica::litestream(knobs)?;
     }
     if let Target::Project(name) = project::classify(a.db.as_os_str(), a.project)? {
         match project_delta(&name, &a.mount_point, knobs)? {

@@ -40,19 +40,23 @@ pub struct RestoreArgs {
 }
 
 /// The database `replicate` and `--replicate` name: a project's delta or the path itself.
-pub fn target_db(arg: &Path, force_project: bool, knobs: &Knobs) -> Result<PathBuf, String> {
-    project::delta_path(arg, force_project, knobs).map_err(|e| e.to_string())
+pub fn target_db(
+    arg: &Path,
+    force_project: bool,
+    knobs: &Knobs,
+) -> Result<PathBuf, super::CliError> {
+    Ok(project::delta_path(arg, force_project, knobs)?)
 }
 
 /// Start replicating `db` (and its project's history) to `url`.
-pub fn start(db: &Path, url: &ReplicaUrl, knobs: &Knobs) -> Result<Replication, String> {
-    let dbs = replica::databases(db, url).map_err(|e| e.to_string())?;
-    Replication::start(dbs, knobs).map_err(|e| e.to_string())
+pub fn start(db: &Path, url: &ReplicaUrl, knobs: &Knobs) -> Result<Replication, super::CliError> {
+    let dbs = replica::databases(db, url)?;
+    Ok(Replication::start(dbs, knobs)?)
 }
 
 /// `agentfs replicate`: in the foreground until SIGINT, SIGTERM or SIGHUP (or Litestream ends).
 pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
-    let url = ReplicaUrl::parse(&a.url).map_err(|e| e.to_string())?;
+    let url = ReplicaUrl::parse(&a.url)?;
     let db = target_db(&a.target, a.project, knobs)?;
     let mut rep = start(&db, &url, knobs)?;
     // Litestream runs with the default signal mask; from here on a shutdown signal reaches
@@ -81,7 +85,7 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
     if let Some(why) = died {
         return Err(super::CliError::new(Code::LitestreamFailed, why));
     }
-    stopped.map_err(|e| e.to_string())?;
+    stopped?;
     super::say(format_args!(
         "replication stopped; the replica is up to date"
     ));
@@ -90,11 +94,11 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
 
 /// `agentfs restore-replica`.
 pub fn restore(a: RestoreArgs, knobs: &Knobs) -> super::CliResult {
-    let url = ReplicaUrl::parse(&a.url).map_err(|e| e.to_string())?;
+    let url = ReplicaUrl::parse(&a.url)?;
     let ts = a.timestamp.as_deref();
-    match project::classify(a.target.as_os_str(), a.project).map_err(|e| e.to_string())? {
+    match project::classify(a.target.as_os_str(), a.project)? {
         Target::Database(db) => {
-            replica::restore(&url, &db, ts, knobs).map_err(|e| e.to_string())?;
+            replica::restore(&url, &db, ts, knobs)?;
             if let Err(e) = check_delta(&db) {
                 let _ = std::fs::remove_file(&db);
                 return Err(e.into());
@@ -103,7 +107,7 @@ pub fn restore(a: RestoreArgs, knobs: &Knobs) -> super::CliResult {
             Ok(0)
         }
         Target::Project(name) => {
-            let root = project::root(knobs).map_err(|e| e.to_string())?;
+            let root = project::root(knobs)?;
             let mut p = Project::create(&root, &name).map_err(|e| match e.code {
                 Code::ProjectExists => super::CliError::new(Code::RestoreTargetExists, e.message),
                 _ => e.into(),
