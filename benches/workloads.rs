@@ -22,7 +22,9 @@
 //! * `small_write` / `small_read`: 2,000 files of 1–16 KiB written (no fsync), then, after
 //!   dropping caches (and remounting AgentFS), read back. Files/s.
 //! * `tree_copy`: `cp -r` of a real source tree into the target; `git_add_commit`:
-//!   `git init && git add -A && git commit`; `git_status`; `find_stat`: `find . | xargs stat`.
+//!   `git init && git add -A && git commit`; `git_status`; `find_stat`: `find . | xargs stat`;
+//!   `find_stat_cold` and `read_all_cold`: the same stat and a `cat` of every file, each after
+//!   `drop_caches` but without a remount (the kernel reclaimed its caches; a server's own stay).
 //!   All in files of the tree per second.
 //! * `rss_peak` / `rss_end` / `rss_idle`: the AgentFS server's resident set in MiB — the highest
 //!   of every server of the repetition (VmHWM, remounts included), at the end of its workloads,
@@ -451,6 +453,15 @@ impl Target {
         fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))
     }
 
+    /// Drop the kernel's caches only: a server's own caches stay, as they would when the
+    /// kernel reclaims memory under a long-lived mount.
+    fn kernel_cold(&mut self) {
+        match self.backend {
+            Backend::Runner { .. } => sandbox::ask("C"),
+            _ => drop_caches(),
+        }
+    }
+
     /// Make every cache cold before a read workload.
     fn cold(&mut self) -> Result<(), String> {
         if let Backend::Runner { .. } = self.backend {
@@ -553,6 +564,16 @@ const WORKLOADS: &[Workload] = &[
         key: "find_stat",
         unit: "files/s",
         what: "find . | xargs stat",
+    },
+    Workload {
+        key: "find_stat_cold",
+        unit: "files/s",
+        what: "find . | xargs stat after drop_caches (a server keeps its own caches)",
+    },
+    Workload {
+        key: "read_all_cold",
+        unit: "files/s",
+        what: "cat of every file of the tree after drop_caches",
     },
     Workload {
         key: "rss_peak",
@@ -847,6 +868,15 @@ fn source_tree(t: &mut Target, tree: &Tree, out: &mut Vec<Sample>) -> Result<(),
             .args(["-c", "find . -print0 | xargs -0 stat > /dev/null"]))
     })?;
     out.push(("find_stat", n / secs, secs));
+    let sh = |script: &str| -> Result<(), String> {
+        run(Command::new("sh").current_dir(&dir).args(["-c", script]))
+    };
+    t.kernel_cold();
+    let (_, secs) = timed(|| sh("find . -print0 | xargs -0 stat > /dev/null"))?;
+    out.push(("find_stat_cold", n / secs, secs));
+    t.kernel_cold();
+    let (_, secs) = timed(|| sh("find . -type f -print0 | xargs -0 cat > /dev/null"))?;
+    out.push(("read_all_cold", n / secs, secs));
     Ok(())
 }
 

@@ -99,6 +99,8 @@ knob_table! {
         "Freeze the sandbox's processes (cgroup v2 freezer) while a checkpoint is taken: auto (freeze when a cgroup can be made, else run with unfrozen checkpoints, said at launch and in the run record), require (refuse to launch without one: freezer_unavailable) or off (never freeze).";
     checkpoint_freeze_wait_ms: U64 = 2000, [1, 600000], Policy, "AGENTFS_CHECKPOINT_FREEZE_WAIT_MS",
         "Most time a checkpoint waits for the kernel to report the sandbox frozen; past it the sandbox is thawed and the checkpoint is taken unfrozen (recorded in its message), in milliseconds.";
+    checkpoint_nice: U64 = 10, [0, 19], Policy, "AGENTFS_CHECKPOINT_NICE",
+        "Nice value of a checkpoint's walk once the sandbox is thawed (the freeze and the snapshot's first read run at the server's priority), so that hashing and compressing yield to the sandbox's own work; 0 = the server's priority. It orders threads within one session's autogroup, which the sandbox shares with its server.";
     log: Str = "warn", [0, 0], Policy, "AGENTFS_LOG",
         "Log filter for the server (tracing env-filter syntax, e.g. info or agentfs=debug); offline commands log only when it is set to another filter than this default.";
     fault_commit: Str = "", [0, 0], Policy, "AGENTFS_FAULT_COMMIT",

@@ -193,6 +193,17 @@ fn checkpoint_inside_waits_for_the_commit_and_outside_does_nothing() {
         Some(&b"one\n"[..])
     );
     assert_eq!(r.file_at(&c, &hash, "after"), None);
+    // The walk ran lowered to the default nice value, or at the server's with the knob at 0.
+    assert_eq!(r.last_run()["walk_nice"], 10, "{}", r.last_run());
+    let o = r.run(
+        &script,
+        &[
+            ("AGENTFS_CHECKPOINT_IDLE_MS", "0"),
+            ("AGENTFS_CHECKPOINT_NICE", "0"),
+        ],
+    );
+    launched(&o);
+    assert_eq!(r.last_run()["walk_nice"], 0, "{}", r.last_run());
 
     // Outside a sandbox: exit 0, nothing printed, nothing recorded.
     let before = r.json(&["list", "p"]).as_array().unwrap().len();

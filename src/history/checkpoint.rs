@@ -70,6 +70,8 @@ pub struct Timing {
     pub ceiling: Option<Duration>,
     pub keep: u64,
     pub freeze_wait: Duration,
+    /// Nice value of the walk after the cut (0: the server's priority).
+    pub nice: i32,
 }
 
 impl Timing {
@@ -80,6 +82,7 @@ impl Timing {
             ceiling: nonzero(Duration::from_secs(k.checkpoint_max_s)),
             keep: k.checkpoint_keep,
             freeze_wait: Duration::from_millis(k.checkpoint_freeze_wait_ms),
+            nice: i32::try_from(k.checkpoint_nice).unwrap_or(19),
         }
     }
 
@@ -121,6 +124,8 @@ pub struct Stats {
     pub frozen: u64,
     /// The longest time the sandbox stayed frozen for one, in microseconds.
     pub frozen_us_max: u64,
+    /// The nice value the last walk ran at after the cut, as the walk read it back.
+    pub walk_nice: Option<i32>,
 }
 
 /// The running watcher; [`Watcher::stop`] ends it (before the server is joined: a checkpoint
@@ -260,6 +265,7 @@ fn watch(
             }
             dirty_since = None;
             stats.taken += 1;
+            stats.walk_nice = t.walk_nice.or(stats.walk_nice);
             if let Some(us) = t.frozen_us {
                 stats.frozen += 1;
                 stats.frozen_us_max = stats.frozen_us_max.max(us);
@@ -307,6 +313,8 @@ struct Taken {
     version: i64,
     /// From the write that froze the cgroup to the end of the write that thawed it.
     frozen_us: Option<u64>,
+    /// The walk's nice value after the cut.
+    walk_nice: Option<i32>,
 }
 
 /// One checkpoint: freeze, make the sandbox's writes durable, snapshot, thaw (always).
@@ -323,26 +331,37 @@ fn take(
         None => Err("no cgroup for this run".to_string()),
     };
     // Thawed once the walk's read transaction holds its snapshot (the walk then reads a cut
-    // nothing can enter any more), or after a failure before that.
-    let thawed = std::cell::Cell::new(None);
+    // nothing can enter any more), or after a failure before that. The rest of the walk,
+    // hashing and compressing, then yields to the sandbox's work (see `snapshot`).
+    let thawed = parking_lot::Mutex::new(None);
     let thaw = || {
-        if let (Some(cg), Ok(()), None) = (&t.cgroup, &frozen, thawed.get()) {
+        let mut thawed = thawed.lock();
+        if let (Some(cg), Ok(()), None) = (&t.cgroup, &frozen, *thawed) {
             if let Err(e) = cg.thaw() {
                 tracing::error!("thawing {}: {e}", cg.path().display());
             }
-            thawed.set(Some(
-                u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-            ));
+            *thawed = Some(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
         }
     };
-    let walked = snapshot(t, history, activity, why, &frozen, &thaw);
+    let walk_nice = parking_lot::Mutex::new(None);
+    let on_cut = || {
+        thaw();
+        use crate::sys::priority;
+        match priority::lower_this_thread(timing.nice).and_then(|()| priority::this_thread()) {
+            Ok(n) => *walk_nice.lock() = Some(n),
+            Err(e) => tracing::debug!("lowering the checkpoint's walk: {e}"),
+        }
+    };
+    let walked = snapshot(t, history, activity, why, &frozen, &on_cut);
     thaw();
-    let frozen_us = thawed.get();
+    let frozen_us = *thawed.lock();
+    let nice = *walk_nice.lock();
     let (commit, version) = walked?;
     Ok(Taken {
         commit,
         version,
         frozen_us,
+        walk_nice: nice,
     })
 }
 
@@ -352,7 +371,7 @@ fn snapshot(
     activity: &Activity,
     why: Why,
     frozen: &Result<(), String>,
-    on_cut: &dyn Fn(),
+    on_cut: &(dyn Fn() + Sync),
 ) -> Result<(String, i64), String> {
     // Dirty pages of the sandbox's writes go to the server, then its barrier commits them.
     let root = PathBuf::from(format!("/proc/{}/root", t.pid1))
@@ -373,13 +392,30 @@ fn snapshot(
         Ok(()) => format!("{why:?} (frozen)").to_lowercase(),
         Err(e) => format!("{} (unfrozen: {e})", format!("{why:?}").to_lowercase()),
     };
-    let o = SnapOptions {
-        kind: CommitKind::Checkpoint,
-        only_if_changed: true,
-        on_cut: Some(on_cut),
-        ..SnapOptions::manual(&message, &t.ignore)
-    };
-    let r = history.snapshot(&t.delta, &o)?;
+    // The walk runs on a thread of its own, which `on_cut` lowers: a thread cannot raise its
+    // priority back, and the watcher's freeze and the next cut run at the server's.
+    let ignore = &t.ignore;
+    let delta = &t.delta;
+    let walked = std::thread::scope(|s| {
+        let walk = std::thread::Builder::new()
+            .name("checkpoint-walk".into())
+            .spawn_scoped(s, || {
+                let o = SnapOptions {
+                    kind: CommitKind::Checkpoint,
+                    only_if_changed: true,
+                    on_cut: Some(on_cut),
+                    ..SnapOptions::manual(&message, ignore)
+                };
+                history.snapshot(delta, &o)
+            });
+        match walk {
+            Ok(w) => w
+                .join()
+                .unwrap_or_else(|_| Err("the checkpoint's walk panicked".to_string())),
+            Err(e) => Err(format!("starting the checkpoint's walk: {e}")),
+        }
+    });
+    let r = walked?;
     let h = match r.commit {
         Some(h) => h,
         None => history.head()?.ok_or("no snapshot")?,

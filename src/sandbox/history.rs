@@ -159,6 +159,7 @@ impl RunHistory {
             self.record.checkpoints = s.taken;
             self.record.frozen_checkpoints = s.frozen;
             self.record.frozen_ms_max = s.frozen_us_max as f64 / 1000.0;
+            self.record.walk_nice = s.walk_nice;
         }
         let _ = std::fs::remove_file(self.socket());
     }

@@ -83,6 +83,10 @@ pub struct HistoryRecord {
     /// The longest the sandbox stayed frozen for one checkpoint (freeze to thaw), in ms.
     #[serde(default)]
     pub frozen_ms_max: f64,
+    /// The nice value checkpoints walked at once the sandbox was thawed
+    /// (AGENTFS_CHECKPOINT_NICE), as the walk read it back; absent when none walked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub walk_nice: Option<i32>,
 }
 
 pub fn now() -> u64 {

@@ -9,6 +9,7 @@ pub mod memory;
 pub mod mount;
 pub mod mounts;
 pub mod ns;
+pub mod priority;
 pub mod registry;
 pub mod signals;
 pub mod space;
