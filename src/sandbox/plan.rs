@@ -294,6 +294,13 @@ pub fn build(req: &SandboxRequest, host: &dyn Host) -> Vec<Op> {
     for t in PRIVATE {
         ops.push(Op::Writable { path: p(t) });
     }
+    // A writable set that does not cover the project is fenced by the server, which sees and
+    // logs what it refuses: the project's mount stays writable for it to do so.
+    if req.policy.project_roots(&req.source).is_some() {
+        ops.push(Op::Writable {
+            path: req.source.clone(),
+        });
+    }
     for r in roots {
         ops.push(Op::Writable { path: r });
     }
@@ -360,6 +367,7 @@ mod tests {
                 mode: None,
                 writable: vec!["/srv/p".into(), "/srv/mnt".into()],
             },
+            refuse_escaping_symlinks: false,
             net: Net::Host,
             env: vec![],
         }
