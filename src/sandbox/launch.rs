@@ -141,12 +141,12 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
     result
 }
 
-/// The server's fence inside the project and the audit log it reports to, when the writable
-/// set does not cover the project or escaping symlinks are refused (docs/sandbox.md).
-fn fence(
-    req: &SandboxRequest,
-    knobs: &Knobs,
-) -> Result<Option<(Arc<Guard>, Arc<AuditLog>)>, SandboxError> {
+/// The server's fence inside the project and the audit log it reports to.
+type Fence = (Arc<Guard>, Arc<AuditLog>);
+
+/// The fence of `req`, when the writable set does not cover the project or escaping symlinks
+/// are refused (docs/sandbox.md); None otherwise.
+fn fence(req: &SandboxRequest, knobs: &Knobs) -> Result<Option<Fence>, SandboxError> {
     use std::os::unix::ffi::OsStrExt as _;
     let roots = req.policy.project_roots(&req.source);
     if roots.is_none() && !req.refuse_escaping_symlinks {
