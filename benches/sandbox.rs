@@ -34,6 +34,7 @@ fn request(root: &Path, command: &[&str]) -> SandboxRequest {
             mode: None,
             writable: vec![source],
         },
+        refuse_escaping_symlinks: false,
         net: Net::Host,
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
     }

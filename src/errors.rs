@@ -118,6 +118,7 @@ codes! {
     Replicating = "replicating", Busy;
     RestoreTargetExists = "restore_target_exists", Exists;
     RestoreDamaged = "restore_damaged", DbCorrupt;
+    BadMountOption = "bad_mount_option", Usage;
     LitestreamFailed = "litestream_failed", CommandFailed;
     ReplicaBehind = "replica_behind", Io;
 }

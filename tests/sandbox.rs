@@ -73,6 +73,7 @@ impl Spec {
                 },
                 writable: self.writable.clone(),
             },
+            refuse_escaping_symlinks: false,
             net: if self.net_none { Net::None } else { Net::Host },
             env: vec![
                 ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),

@@ -159,7 +159,14 @@ fn apply(a: &Args, db: &std::path::Path) -> super::CliResult {
         println!("dry run: {} step(s) not applied to {base}", ops.len());
         return Ok(0);
     }
-    overlay.execute(&ops, |op| println!("{}", op.describe()))?;
+    use crate::store::progress::Progress as _;
+    let bar = super::progress::Bar::new();
+    bar.start("apply", ops.len() as u64);
+    overlay.execute(&ops, |op| {
+        println!("{}", op.describe());
+        bar.advance(1);
+    })?;
+    drop(bar);
     println!("applied {} step(s) to {base}", ops.len());
     // The records now describe the base the delta matches, so a later apply of more work in
     // this delta does not see its own earlier apply as a change of the base.

@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::delta::patch::git_blob_id;
 use crate::delta::patch::Binary;
 use crate::delta::{escaped, Change, Entry, Kind, Overlay, Side};
+use crate::store::progress::Progress;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -101,10 +102,16 @@ fn change_json(
 }
 
 /// The JSON list of `changes` (sorted by path).
-fn changes_json(overlay: &Overlay, changes: &[Entry]) -> Result<Vec<serde_json::Value>, String> {
+fn changes_json(
+    overlay: &Overlay,
+    changes: &[Entry],
+    progress: &dyn Progress,
+) -> Result<Vec<serde_json::Value>, String> {
     let mut list = Vec::new();
     let mut i = 0;
+    progress.start("diff", changes.len() as u64);
     while i < changes.len() {
+        let first = i;
         let e = &changes[i];
         let replaced = changes.get(i + 1).filter(|n| {
             n.path == e.path && e.change == Change::Deleted && n.change == Change::Added
@@ -131,6 +138,7 @@ fn changes_json(overlay: &Overlay, changes: &[Entry]) -> Result<Vec<serde_json::
             )?,
         });
         i += 1;
+        progress.advance((i - first) as u64);
     }
     Ok(list)
 }
@@ -151,9 +159,9 @@ pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
         } else {
             Binary::Mention
         };
-        out = overlay.patch(&changes, binary)?;
+        out = overlay.patch(&changes, binary, &super::progress::Bar::new())?;
     } else if a.json {
-        let list = changes_json(&overlay, &changes)?;
+        let list = changes_json(&overlay, &changes, &super::progress::Bar::new())?;
         out = serde_json::to_vec_pretty(&list).map_err(|e| e.to_string())?;
         out.push(b'\n');
     } else {

@@ -12,9 +12,11 @@ mod history;
 mod init;
 mod integrity;
 mod kv;
+mod manual;
 mod materialize;
 mod migrate;
 mod mount;
+mod mount_helper;
 mod progress;
 mod replica;
 mod sandbox;
@@ -108,12 +110,24 @@ enum Command {
     /// Inside a sandbox: ask for a checkpoint now and wait until it is recorded. Outside one:
     /// do nothing (exit 0).
     Checkpoint(history::CheckpointArgs),
+    /// Print a shell completion script (bash: `source <(agentfs completions bash)`).
+    Completions(manual::CompletionsArgs),
+    /// Print the manual page, or write one page per verb into a directory (--dir).
+    Man(manual::ManArgs),
+    /// Make `mount -t fuse.agentfs DB MNT` and fstab lines work: a symlink
+    /// PREFIX/sbin/mount.fuse.agentfs to this executable.
+    InstallMountHelper(mount_helper::InstallArgs),
 }
 
 /// A subcommand's exit status, or its failure (printed by [`error::report`]).
 pub type CliResult = Result<i32, CliError>;
 
 pub fn main() -> i32 {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let called = args.first().map(std::path::Path::new);
+    if called.and_then(|p| p.file_name()) == Some(std::ffi::OsStr::new(mount_helper::NAME)) {
+        return mount_helper::main(&args[1..]);
+    }
     let matches = match Cli::command().try_get_matches() {
         Ok(m) => m,
         Err(e) => return usage_error(e),
@@ -163,6 +177,9 @@ pub fn main() -> i32 {
         Command::Undo(a) => history::undo(a),
         Command::Gc(a) => history::gc(a),
         Command::Checkpoint(a) => history::checkpoint(a),
+        Command::Completions(a) => manual::completions(a, Cli::command()),
+        Command::Man(a) => manual::man(a, Cli::command()),
+        Command::InstallMountHelper(a) => mount_helper::install(a),
         Command::Knobs => {
             print!("{}", crate::knobs::LEDGER_MARKDOWN);
             Ok(0)

@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use crate::knobs::Knobs;
-use crate::project::config::{HomeName, NetName, PolicyName, Settings};
+use crate::project::config::{HomeName, NetName, PolicyName, Settings, SymlinkName};
 use crate::project::{self, launch, Error, Project};
 use crate::store::overlay::{self, OverlayConfig};
 use crate::store::InitOptions;
@@ -48,6 +48,10 @@ pub struct LaunchFlags {
     /// implies --policy workspace-write.
     #[arg(long = "writable-root", value_name = "PATH")]
     pub writable_roots: Vec<PathBuf>,
+    /// Symlinks made in the project: allow (every one, the default) or refuse-escaping (EPERM
+    /// and an audit event for a target that resolves outside the project).
+    #[arg(long, value_enum)]
+    pub symlinks: Option<SymlinkName>,
 }
 
 impl LaunchFlags {
@@ -62,6 +66,7 @@ impl LaunchFlags {
         s.sandbox.net = self.net;
         s.policy.mode = self.policy;
         s.policy.writable_roots = self.writable_roots;
+        s.policy.symlinks = self.symlinks;
         s
     }
 }

@@ -90,7 +90,23 @@ fn project_json(name: &str, p: Result<Project, project::Error>) -> Value {
         "pids": pids,
         "live_record": live,
         "last_run": crate::sandbox::latest_record(&p.dir),
+        "escape_attempts": escape_attempts(&p.dir),
     })
+}
+
+/// The project's flag for logged escape attempts (null without any): the code, how many, the
+/// last one and the log.
+fn escape_attempts(dir: &std::path::Path) -> Value {
+    use crate::sandbox::audit;
+    match audit::summary(dir) {
+        None => Value::Null,
+        Some((count, last)) => json!({
+            "code": crate::errors::Code::EscapeAttempt.as_str(),
+            "count": count,
+            "last": last,
+            "log": audit::path(dir),
+        }),
+    }
 }
 
 /// Where the project stands: its HEAD snapshot (short hash and tags; null without snapshots)
@@ -191,6 +207,19 @@ fn print_projects(projects: &[Value]) {
             p["delta_bytes"].as_u64().unwrap_or(0),
             position_text(&p["position"])
         );
+        let flag = &p["escape_attempts"];
+        if let Some(n) = flag["count"].as_u64() {
+            let last = &flag["last"];
+            println!(
+                "{:<20} {}: {n} refused, last {} {} (pid {}); see {}",
+                "",
+                flag["code"].as_str().unwrap_or("?"),
+                last["operation"].as_str().unwrap_or("?"),
+                last["path"].as_str().unwrap_or("?"),
+                last["pid"],
+                flag["log"].as_str().unwrap_or("?")
+            );
+        }
     }
 }
 

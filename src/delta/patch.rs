@@ -242,10 +242,17 @@ fn section(
 
 impl Overlay {
     /// The patch of `changes` (from [`Overlay::changes`]). Special files are refused.
-    pub fn patch(&self, changes: &[Entry], binary: Binary) -> Result<Vec<u8>, String> {
+    pub fn patch(
+        &self,
+        changes: &[Entry],
+        binary: Binary,
+        progress: &dyn crate::store::progress::Progress,
+    ) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
         let io = |e: std::io::Error| format!("writing the patch: {e}");
+        progress.start("diff", changes.len() as u64);
         for e in changes {
+            progress.advance(1);
             if e.kind() == Kind::Special {
                 return Err(format!(
                     "{} is a special file, which a patch cannot carry",

@@ -111,6 +111,8 @@ pub trait Filesystem: Send + Sync {
     fn getxattr(&self, node: Ino, name: &[u8]) -> Result<Vec<u8>, Errno>;
     fn listxattr(&self, node: Ino) -> Result<Vec<u8>, Errno>;
     fn removexattr(&self, node: Ino, name: &[u8]) -> Result<(), Errno>;
+    /// One path of `node` in the mount ("/a/b"); None when it has no name left.
+    fn node_path(&self, node: Ino) -> Result<Option<Vec<u8>>, Errno>;
     /// The store underneath (INIT settings, shutdown).
     fn store(&self) -> &Store;
 }
@@ -248,6 +250,13 @@ impl Filesystem for Store {
     }
     fn removexattr(&self, node: Ino, name: &[u8]) -> Result<(), Errno> {
         Store::removexattr(self, node, name)
+    }
+    fn node_path(&self, node: Ino) -> Result<Option<Vec<u8>>, Errno> {
+        match self.dir_path(node) {
+            Ok(p) => Ok(Some(p)),
+            Err(e) if e == Errno::ENOENT => Ok(None),
+            Err(e) => Err(e),
+        }
     }
     fn store(&self) -> &Store {
         self

@@ -7,6 +7,7 @@ mod acl;
 mod attr;
 mod fills;
 pub mod fs;
+pub mod guard;
 mod privs;
 mod refs;
 pub mod shards;
@@ -80,6 +81,8 @@ pub struct Dispatcher {
     /// The owner every inode is shown with and every new inode gets (see
     /// [`Dispatcher::set_owner`]); None: the stored owners and the caller's ids.
     owner: OnceLock<Caller>,
+    /// The sandbox's fence inside the project (see `guard`); None: nothing refused by path.
+    guard: OnceLock<Arc<guard::Guard>>,
 }
 
 /// Writes one complete notification message to the kernel.
@@ -106,6 +109,7 @@ impl Dispatcher {
             notifier: OnceLock::new(),
             fault_panic: Some(knobs.fault_panic.clone()).filter(|f| !f.is_empty()),
             owner: OnceLock::new(),
+            guard: OnceLock::new(),
         }
     }
 
@@ -114,6 +118,12 @@ impl Dispatcher {
     /// docs/sandbox.md). Set once, before the connection is served.
     pub fn set_owner(&self, owner: Caller) {
         let _ = self.owner.set(owner);
+    }
+
+    /// Refuse, by path, what `g` refuses (a sandbox whose writable set does not cover the
+    /// project, or its symlink rule). Set once, before the connection is served.
+    pub fn set_guard(&self, g: Arc<guard::Guard>) {
+        let _ = self.guard.set(g);
     }
 
     fn owner(&self) -> Option<Caller> {
@@ -346,6 +356,11 @@ impl Dispatcher {
         };
         // Who a new inode belongs to; `caller` itself still tells whether the writer is root.
         let creator = self.owner().unwrap_or(caller);
+        if let Some(g) = self.guard.get() {
+            if let Err(e) = g.check(self.fs.as_ref(), req) {
+                return Reply::Error(e);
+            }
+        }
         let result = match &req.op {
             Operation::Init { .. } => Err(Errno::EIO),
             Operation::Destroy => {

@@ -1156,6 +1156,14 @@ impl Filesystem for Overlay {
         }
     }
 
+    fn node_path(&self, node: Ino) -> Result<Option<Vec<u8>>, Errno> {
+        match self.resolve(node)? {
+            Target::Base { unlinked: true, .. } => Ok(None),
+            Target::Base { path, .. } => Ok(Some(path)),
+            Target::Delta(ino) => Filesystem::node_path(self.store.as_ref(), ino),
+        }
+    }
+
     fn store(&self) -> &Store {
         &self.store
     }

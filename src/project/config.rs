@@ -62,6 +62,16 @@ impl From<PolicyName> for PolicyMode {
     }
 }
 
+/// Which symlinks the project takes (`[policy] symlinks`, `--symlinks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum SymlinkName {
+    /// Every symlink (the default: virtualenvs make absolute ones).
+    Allow,
+    /// Refuse (EPERM, logged) a symlink whose target resolves outside the project.
+    RefuseEscaping,
+}
+
 /// What serves the project's view. Only our FUSE server exists today.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -117,6 +127,8 @@ pub struct PolicySection {
     pub mode: Option<PolicyName>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub writable_roots: Vec<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlinks: Option<SymlinkName>,
 }
 
 /// The launch settings: `defaults.toml` is exactly this; a project's config.toml and the
@@ -138,6 +150,7 @@ impl Settings {
         self.home.mode = over.home.mode.or(self.home.mode);
         self.sandbox.net = over.sandbox.net.or(self.sandbox.net);
         self.policy.mode = over.policy.mode.or(self.policy.mode);
+        self.policy.symlinks = over.policy.symlinks.or(self.policy.symlinks);
         self.sandbox.masks.extend(over.sandbox.masks);
         self.sandbox.binds.extend(over.sandbox.binds);
         self.sandbox.ro_binds.extend(over.sandbox.ro_binds);
@@ -211,7 +224,8 @@ pub fn render(cfg: &ProjectConfig) -> Result<String, Error> {
          # [project] source, backend = \"fuse\"\n\
          # [home] mode = \"full\" | \"full-ro\" | \"empty\"\n\
          # [sandbox] masks, binds, ro_binds (\"SRC[:DST]\"), env (\"K=V\" or \"K\"), net = \"host\" | \"none\"\n\
-         # [policy] mode = \"read-only\" | \"workspace-write\", writable_roots\n\n{body}"
+         # [policy] mode = \"read-only\" | \"workspace-write\", writable_roots,\n\
+         #          symlinks = \"allow\" | \"refuse-escaping\"\n\n{body}"
     ))
 }
 

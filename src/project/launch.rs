@@ -6,7 +6,7 @@ use super::Code;
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 
-use super::config::{HomeName, Settings};
+use super::config::{HomeName, Settings, SymlinkName};
 use super::{Error, Project};
 use crate::sandbox::policy::{self, AllowedRoot};
 use crate::sandbox::request::{Bind, HomeMode, Net, SandboxRequest};
@@ -302,6 +302,7 @@ pub fn request(
         masks,
         binds,
         policy,
+        refuse_escaping_symlinks: settings.policy.symlinks == Some(SymlinkName::RefuseEscaping),
         net: sb.net.map(Net::from).unwrap_or(Net::Host),
         env,
     })

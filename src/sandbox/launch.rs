@@ -23,12 +23,14 @@ use std::sync::Arc;
 
 use nix::sched::CloneFlags;
 
+use super::audit::{self, AuditLog};
 use super::history::RunHistory;
 use super::plan::{self, Op};
 use super::record::{self, LiveMarker, RunRecord};
 use super::request::{HomeMode, Net, SandboxRequest};
 use super::view::{self, Failure};
 use super::{preflight, SandboxError};
+use crate::dispatch::guard::Guard;
 use crate::history::checkpoint::FreezeMode;
 use crate::knobs::Knobs;
 use crate::server::{self, ServeOptions};
@@ -93,6 +95,7 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
     std::fs::create_dir_all(req.project_dir.join("runs"))
         .map_err(|e| io_err(&req.project_dir.display().to_string(), e))?;
     let mut rec = new_record(req, &plan, ids);
+    let audit = fence(req, knobs)?;
 
     let (sup, inside) = ns::seqpacket_pair().map_err(|e| io_err("socketpair", e))?;
     let supervisor = std::process::id() as i32;
@@ -111,8 +114,20 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
         }
     };
     drop(inside);
-    let result = supervise(req, knobs, &sup, outer, &mut rec, &mut history);
+    let guard = audit.as_ref().map(|(g, _)| g.clone());
+    let result = supervise(req, knobs, &sup, outer, &mut rec, &mut history, guard);
     ns::unblock_signals(&ns::FORWARDED);
+    if let Some((_, log)) = &audit {
+        rec.escape_attempts = log.finish();
+        if rec.escape_attempts > 0 {
+            eprintln!(
+                "agentfs: {}: {} change(s) outside the writable set refused; see {}",
+                crate::errors::Code::EscapeAttempt.as_str(),
+                rec.escape_attempts,
+                audit::path(&req.project_dir).display()
+            );
+        }
+    }
     record::remove_live(&req.project_dir, supervisor);
     rec.ended = Some(record::now());
     match &result {
@@ -124,6 +139,31 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
         tracing::warn!("cannot write the run record: {e}");
     }
     result
+}
+
+/// The server's fence inside the project and the audit log it reports to.
+type Fence = (Arc<Guard>, Arc<AuditLog>);
+
+/// The fence of `req`, when the writable set does not cover the project or escaping symlinks
+/// are refused (docs/sandbox.md); None otherwise.
+fn fence(req: &SandboxRequest, knobs: &Knobs) -> Result<Option<Fence>, SandboxError> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let roots = req.policy.project_roots(&req.source);
+    if roots.is_none() && !req.refuse_escaping_symlinks {
+        return Ok(None);
+    }
+    let log = AuditLog::open(&req.project_dir, knobs.audit_max_events)
+        .map(Arc::new)
+        .map_err(|e| io_err(&audit::path(&req.project_dir).display().to_string(), e))?;
+    let bytes = |p: &Path| p.as_os_str().as_bytes().to_vec();
+    let sink = log.clone();
+    let guard = Guard::new(
+        bytes(&req.source),
+        roots.map(|r| r.iter().map(|p| bytes(p)).collect()),
+        req.refuse_escaping_symlinks,
+        Box::new(move |r| sink.record(r)),
+    );
+    Ok(Some((Arc::new(guard), log)))
 }
 
 fn new_record(req: &SandboxRequest, plan: &[Op], ids: Ids) -> RunRecord {
@@ -170,6 +210,7 @@ fn new_record(req: &SandboxRequest, plan: &[Op], ids: Ids) -> RunRecord {
         exit_status: None,
         error: None,
         history: Default::default(),
+        escape_attempts: 0,
     }
 }
 
@@ -181,6 +222,7 @@ fn supervise(
     outer: i32,
     rec: &mut RunRecord,
     history: &mut RunHistory,
+    guard: Option<Arc<Guard>>,
 ) -> Result<i32, SandboxError> {
     let prepared = history.adopt(outer).and_then(|_| {
         // The outer child forks pid 1 only after this: every process of the sandbox starts
@@ -224,7 +266,14 @@ fn supervise(
             b'F' => match (fd, prepared.take()) {
                 (Some(fd), Some(p)) => {
                     let owner = (rec.uid_inside, rec.gid_inside);
-                    server_thread = Some(start_server(p, fd, &req.source, owner, knobs));
+                    server_thread = Some(start_server(
+                        p,
+                        fd,
+                        &req.source,
+                        owner,
+                        guard.clone(),
+                        knobs,
+                    ));
                     send(sup, b"A");
                 }
                 _ => {
@@ -292,16 +341,24 @@ fn start_server(
     fd: OwnedFd,
     source: &Path,
     owner: (u32, u32),
+    guard: Option<Arc<Guard>>,
     knobs: &Knobs,
 ) -> std::thread::JoinHandle<Result<(), server::ServerError>> {
+    let mut knobs = knobs.clone();
+    // The fence must see every open for writing: a kernel told once that OPEN is not
+    // implemented sends none again, and a refused WRITE after a write(2) the page cache
+    // took would be a failure reported as success.
+    if guard.is_some() {
+        knobs.fuse_noopen = false;
+    }
     let opts = ServeOptions {
         mount_point: source.to_path_buf(),
         register: false,
         log: None,
         unmount_on_signal: false,
         owner: Some(owner),
+        guard,
     };
-    let knobs = knobs.clone();
     std::thread::spawn(move || p.serve(fd, &opts, &knobs, &mut ()))
 }
 

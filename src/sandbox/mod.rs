@@ -7,6 +7,7 @@
 //! inside); `record` keeps the live marker and what each run enforced. docs/sandbox.md states
 //! the view and the policy.
 
+pub mod audit;
 mod history;
 mod launch;
 pub mod plan;

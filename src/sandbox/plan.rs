@@ -294,6 +294,13 @@ pub fn build(req: &SandboxRequest, host: &dyn Host) -> Vec<Op> {
     for t in PRIVATE {
         ops.push(Op::Writable { path: p(t) });
     }
+    // A writable set that does not cover the project is fenced by the server, which sees and
+    // logs what it refuses: the project's mount stays writable for it to do so.
+    if req.policy.project_roots(&req.source).is_some() {
+        ops.push(Op::Writable {
+            path: req.source.clone(),
+        });
+    }
     for r in roots {
         ops.push(Op::Writable { path: r });
     }
@@ -360,6 +367,7 @@ mod tests {
                 mode: None,
                 writable: vec!["/srv/p".into(), "/srv/mnt".into()],
             },
+            refuse_escaping_symlinks: false,
             net: Net::Host,
             env: vec![],
         }
@@ -527,8 +535,18 @@ mod tests {
         assert!(!writable.contains(&Path::new("/srv/mnt")));
     }
 
+    /// Writable mounts after the read-only step.
+    fn writable_after(ops: &[Op]) -> Vec<&Path> {
+        let ro = pos(ops, &Op::ReadOnly { path: "/".into() });
+        ops[ro..]
+            .iter()
+            .filter(|o| matches!(o, Op::Writable { .. }))
+            .map(|o| o.path())
+            .collect()
+    }
+
     #[test]
-    fn a_read_only_policy_leaves_only_the_private_trees_writable() {
+    fn a_read_only_policy_leaves_the_private_trees_writable_and_the_project_to_its_server() {
         let mut req = request();
         req.policy = Policy {
             mode: Some(PolicyMode::ReadOnly),
@@ -536,11 +554,44 @@ mod tests {
         };
         let ops = build(&req, &host());
         assert!(!ops.iter().any(|o| matches!(o, Op::SelfBind { .. })));
-        let n = ops
-            .iter()
-            .filter(|o| matches!(o, Op::Writable { .. }))
-            .count();
-        assert_eq!(n, PRIVATE.len() + 1, "the private trees and /proc");
+        assert_eq!(
+            writable_after(&ops),
+            ["/proc", "/tmp", "/var/tmp", "/dev/shm", "/srv/p"].map(Path::new)
+        );
+    }
+
+    #[test]
+    fn roots_inside_the_project_leave_its_mount_to_its_server() {
+        let mut req = request();
+        req.policy = Policy {
+            mode: Some(PolicyMode::WorkspaceWrite),
+            writable: vec!["/srv/p/src".into()],
+        };
+        let ops = build(&req, &host());
+        assert_eq!(
+            writable_after(&ops),
+            [
+                "/proc",
+                "/tmp",
+                "/var/tmp",
+                "/dev/shm",
+                "/srv/p",
+                "/srv/p/src"
+            ]
+            .map(Path::new)
+        );
+        // A root that holds the project: nothing to fence, the mount is a root like others.
+        req.policy.writable = vec!["/srv".into()];
+        assert_eq!(req.policy.project_roots(&req.source), None);
+        assert_eq!(
+            writable_after(&build(&req, &host())),
+            ["/proc", "/tmp", "/var/tmp", "/dev/shm", "/srv"].map(Path::new)
+        );
+        req.policy.writable = vec!["/srv/p/src".into(), "/srv/mnt".into()];
+        assert_eq!(
+            req.policy.project_roots(&req.source),
+            Some(vec![PathBuf::from("/src")])
+        );
     }
 
     #[test]

@@ -63,6 +63,9 @@ pub struct RunRecord {
     /// What the run did for the project's history.
     #[serde(default)]
     pub history: HistoryRecord,
+    /// Writes (and escaping symlinks) the server refused and logged as escape attempts.
+    #[serde(default)]
+    pub escape_attempts: u64,
 }
 
 /// The history side of a run (docs/history.md).

@@ -3,7 +3,7 @@
 //! from this and nothing else.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Set in the command's environment to the project's name: how a program knows it runs in a
 /// sandbox. A marker we set, not a knob anything reads.
@@ -35,6 +35,9 @@ pub struct SandboxRequest {
     pub binds: Vec<Bind>,
     /// The filesystem policy, already validated (see [`Policy`]).
     pub policy: Policy,
+    /// Refuse symlinks made in the project whose target resolves outside it (opt-in; off by
+    /// default, virtualenvs make absolute ones).
+    pub refuse_escaping_symlinks: bool,
     pub net: Net,
     /// The command's whole environment (the scrubbed baseline plus `--env`), in order.
     pub env: Vec<(OsString, OsString)>,
@@ -79,6 +82,24 @@ pub struct Policy {
     /// The declared mode; None when no `--policy` was given.
     pub mode: Option<PolicyMode>,
     pub writable: Vec<PathBuf>,
+}
+
+impl Policy {
+    /// The writable sub-trees of the project at `source` as paths of its mount ("/src"), which
+    /// the server fences (docs/sandbox.md); None when the whole project is writable (a root is
+    /// the project or holds it).
+    pub fn project_roots(&self, source: &Path) -> Option<Vec<PathBuf>> {
+        if self.writable.iter().any(|r| source.starts_with(r)) {
+            return None;
+        }
+        let roots = self
+            .writable
+            .iter()
+            .filter_map(|r| r.strip_prefix(source).ok())
+            .map(|rel| Path::new("/").join(rel))
+            .collect();
+        Some(roots)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

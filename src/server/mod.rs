@@ -68,6 +68,8 @@ pub struct ServeOptions {
     /// sandbox: its command's ids as the mount's user namespace maps them). None: the stored
     /// owners, and new inodes belong to whoever creates them.
     pub owner: Option<(u32, u32)>,
+    /// What the server refuses by path (a sandbox's fence inside its project); None: nothing.
+    pub guard: Option<Arc<crate::dispatch::guard::Guard>>,
 }
 
 /// Lock and open the database at `db` and build the filesystem it holds.
@@ -133,6 +135,9 @@ impl Prepared {
         let dispatcher = Arc::new(Dispatcher::new(fs, knobs));
         if let Some((uid, gid)) = opts.owner {
             dispatcher.set_owner(crate::store::Caller { uid, gid });
+        }
+        if let Some(g) = &opts.guard {
+            dispatcher.set_guard(g.clone());
         }
         let notify_chan = chan.clone();
         dispatcher.set_notifier(Box::new(move |m| {

@@ -42,6 +42,7 @@ pub fn run(
         log,
         unmount_on_signal: true,
         owner: None,
+        guard: None,
     };
     let served = prepared.serve(fd, &opts, knobs, ready);
     if let Err(SessionError::Handshake(_)) = &served {
