@@ -90,6 +90,7 @@ fn project_json(name: &str, p: Result<Project, project::Error>) -> Value {
         "pids": pids,
         "live_record": live,
         "last_run": crate::sandbox::latest_record(&p.dir),
+        "capacity_exhausted_since": crate::store::space::full_since(&p.db()),
     })
 }
 
@@ -113,17 +114,7 @@ fn position(p: &Project) -> Value {
         Ok(None) => Value::Null,
         Err(e) => json!({ "error": e }),
     };
-    let changes = match p.source() {
-        None => Ok(0),
-        Some(_) => crate::delta::Overlay::open(&p.db())
-            .and_then(|o| o.changes())
-            .map(|c| {
-                let mut paths: Vec<&[u8]> = c.iter().map(|e| e.path.as_slice()).collect();
-                paths.dedup();
-                paths.len()
-            }),
-    };
-    match changes {
+    match p.unapplied() {
         Ok(n) => json!({ "head": head, "unapplied_changes": n }),
         Err(e) => json!({ "head": head, "unapplied_changes": null, "error": e }),
     }
@@ -191,6 +182,14 @@ fn print_projects(projects: &[Value]) {
             p["delta_bytes"].as_u64().unwrap_or(0),
             position_text(&p["position"])
         );
+        if let Some(t) = p["capacity_exhausted_since"].as_u64() {
+            println!(
+                "{:<20} DIRTY: out of space since {} (a write was refused with ENOSPC; what \
+                 was committed is kept)",
+                "",
+                super::history::utc(t as i64)
+            );
+        }
     }
 }
 

@@ -80,6 +80,9 @@ pub struct Dispatcher {
     /// The owner every inode is shown with and every new inode gets (see
     /// [`Dispatcher::set_owner`]); None: the stored owners and the caller's ids.
     owner: OnceLock<Caller>,
+    /// Set once a request was answered with ENOSPC and the database marked full (see
+    /// [`crate::store::space::mark_full`]).
+    full: std::sync::atomic::AtomicBool,
 }
 
 /// Writes one complete notification message to the kernel.
@@ -106,6 +109,7 @@ impl Dispatcher {
             notifier: OnceLock::new(),
             fault_panic: Some(knobs.fault_panic.clone()).filter(|f| !f.is_empty()),
             owner: OnceLock::new(),
+            full: Default::default(),
         }
     }
 
@@ -287,6 +291,11 @@ impl Dispatcher {
             self.fault(req);
             self.serve(req)
         }));
+        if matches!(&run, Ok(Reply::Error(e)) if *e == Errno::ENOSPC)
+            && !self.full.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            crate::store::space::mark_full(self.fs.store().path());
+        }
         run.unwrap_or_else(|payload| {
             let why = payload
                 .downcast_ref::<&str>()

@@ -383,6 +383,18 @@ impl Project {
         Ok(())
     }
 
+    /// How many paths of the delta differ from the real directory, not yet applied (0 for a
+    /// project without a source); the error when the delta cannot be read.
+    pub fn unapplied(&self) -> Result<usize, String> {
+        if self.source().is_none() {
+            return Ok(0);
+        }
+        let changes = crate::delta::Overlay::open(&self.db())?.changes()?;
+        let mut paths: Vec<&[u8]> = changes.iter().map(|e| e.path.as_slice()).collect();
+        paths.dedup();
+        Ok(paths.len())
+    }
+
     /// Bytes the delta takes on disk (the database and its WAL).
     pub fn delta_bytes(&self) -> u64 {
         ["", "-wal"]
