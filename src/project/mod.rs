@@ -6,6 +6,8 @@
 //! <root>/<name>/config.toml   the source directory and the project's launch settings
 //! <root>/<name>/delta.db      an overlay database whose base is the source
 //! <root>/<name>/live.json     present while a sandbox of the project runs
+//! <root>/<name>/delta.db-apply   present while an apply writes the source (its journal)
+//! <root>/<name>/delta.db-enospc  present once a write to the delta was refused for space
 //! <root>/<name>/runs/         one JSON record per run: what was enforced
 //! ```
 //!
