@@ -488,14 +488,14 @@ fn apply_killed_after(w: &World, steps: u32) -> u32 {
     pid
 }
 
-fn apply_killed_halfway(via_recover: bool) {
+fn apply_killed_halfway(via_recover: bool, user: Option<u32>) {
     let _s = serial();
     // The tree a full apply makes.
-    let (full, full_src) = promoted_world(None);
+    let (full, full_src) = promoted_world(user);
     launched(&full.af(&["apply", "prom", "--from", "HEAD"]));
     let want = tree(&full_src);
 
-    let (w, src) = promoted_world(None);
+    let (w, src) = promoted_world(user);
     let pid = apply_killed_after(&w, 3);
     let dir = w.root().join("prom");
     assert!(dir.join("delta.db-apply").exists(), "no journal");
@@ -504,6 +504,7 @@ fn apply_killed_halfway(via_recover: bool) {
     let temp = agentfs::sys::beneath::temp_name(b"g5", pid);
     let temp = src.join(std::ffi::OsStr::new(std::str::from_utf8(&temp).unwrap()));
     fs::write(&temp, b"half").unwrap();
+    w.own(&temp);
     // Without the journal, the next apply would take its own removal of /ln for a change of
     // the base: a dry run (which does not finish journals) shows that refusal.
     refused(
@@ -546,12 +547,19 @@ fn apply_killed_halfway(via_recover: bool) {
 
 #[test]
 fn recover_finishes_an_apply_killed_halfway() {
-    apply_killed_halfway(true);
+    apply_killed_halfway(true, None);
+}
+
+#[test]
+fn recover_finishes_an_apply_killed_halfway_as_a_user() {
+    if user_can_run("recover_finishes_an_apply_killed_halfway_as_a_user") {
+        apply_killed_halfway(true, Some(USER));
+    }
 }
 
 #[test]
 fn the_next_apply_finishes_an_apply_killed_halfway() {
-    apply_killed_halfway(false);
+    apply_killed_halfway(false, None);
 }
 
 /// A project directory whose config.toml is gone (a discard or init killed midway) is an
