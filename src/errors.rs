@@ -53,6 +53,7 @@ codes! {
     SandboxLive = "sandbox_live", SandboxLive;
     Exists = "exists", Exists;
     ApplyConflict = "apply_conflict", ApplyConflict;
+    UnappliedChanges = "unapplied_changes", UnappliedChanges;
     BaseMissing = "base_missing", BaseMissing;
     EscapeAttempt = "escape_attempt", EscapeAttempt;
     CapacityExhausted = "capacity_exhausted", CapacityExhausted;
@@ -144,7 +145,8 @@ impl Code {
             | Code::Busy
             | Code::SandboxLive
             | Code::Exists
-            | Code::ApplyConflict => 4,
+            | Code::ApplyConflict
+            | Code::UnappliedChanges => 4,
             _ => 1,
         }
     }

@@ -109,6 +109,8 @@ knob_table! {
         "Tests only: while the file this names exists, every COMMIT of the server fails with EIO and is rolled back, as a failing disk would make it (empty = off).";
     fault_panic: Str = "", [0, 0], Policy, "AGENTFS_FAULT_PANIC",
         "Tests only: the server panics while handling a request whose opcode (e.g. FUSE_MKDIR or mkdir) or entry name equals this value, to prove a panic is answered with EIO and serving goes on (empty = never).";
+    apply_stop_after: U64 = 0, [0, 1000000000], Policy, "AGENTFS_APPLY_STOP_AFTER",
+        "Tests only: `agentfs apply` stops itself (SIGSTOP) once this many of its steps have run, before the next one, so a test can kill it halfway at a known point (0 = never).";
     projects_dir: Str = "", [0, 0], Policy, "AGENTFS_PROJECTS_DIR",
         "Directory holding one directory per project (delta.db, config.toml, runs/) and defaults.toml (empty = ~/.agentfs).";
     litestream: Str = "", [0, 0], Policy, "AGENTFS_LITESTREAM",

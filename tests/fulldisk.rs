@@ -263,3 +263,75 @@ fn space_comes_back_after_deleting() {
     m.unmount();
     common::assert_consistent(&m.db);
 }
+
+/// A project whose delta runs out of space in a sandbox: the write fails with ENOSPC, the
+/// project is marked in `status` (text and JSON, with the time) beyond the sandbox's life, what
+/// was committed before stays, and a successful apply (the promotion) clears the mark.
+#[test]
+fn a_project_out_of_space_is_marked_in_status_until_applied() {
+    if !fuse_or_skip("a_project_out_of_space_is_marked_in_status_until_applied") {
+        return;
+    }
+    use common::world::{err, launched, World};
+    let w = World::new(None);
+    let _disk = Tmpfs::new(&w.root(), 16);
+    let src = w.source("src-full");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    launched(&w.af(&["init", "full", "--source", &s(&src)]));
+    launched(&w.af(&[
+        "exec",
+        "full",
+        "--",
+        "sh",
+        "-c",
+        &format!("echo kept > {}/kept", s(&src)),
+    ]));
+    let status = |w: &World| {
+        let out = w.af(&["status", "full", "--json"]);
+        assert!(out.status.success(), "{}", err(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["projects"][0].clone()
+    };
+    assert_eq!(
+        status(&w)["capacity_exhausted_since"],
+        serde_json::Value::Null
+    );
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let out = w.af(&[
+        "exec",
+        "full",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "dd if=/dev/zero of={}/big bs=1M count=64 conv=fsync 2>&1; echo dd=$?",
+            s(&src)
+        ),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("No space left on device"), "{text}");
+    assert!(!text.contains("dd=0"), "{text}");
+    // The sandbox and its server are gone; the mark stays.
+    let p = status(&w);
+    let since = p["capacity_exhausted_since"].as_u64().expect("marked");
+    assert!(since >= before.saturating_sub(1), "{p}");
+    assert_eq!(p["live"], false);
+    let text = String::from_utf8_lossy(&w.af(&["status", "full"]).stdout).into_owned();
+    assert!(text.contains("DIRTY: out of space since"), "{text}");
+    // Nothing committed before was lost.
+    let out = w.af(&["exec", "full", "--", "cat", &s(&src.join("kept"))]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "kept\n");
+    // Promoting (here after dropping the partial file) clears the mark.
+    launched(&w.af(&["exec", "full", "--", "rm", "-f", &s(&src.join("big"))]));
+    launched(&w.af(&["apply", "full"]));
+    assert_eq!(fs::read_to_string(src.join("kept")).unwrap(), "kept\n");
+    assert_eq!(
+        status(&w)["capacity_exhausted_since"],
+        serde_json::Value::Null
+    );
+    let text = String::from_utf8_lossy(&w.af(&["status", "full"]).stdout).into_owned();
+    assert!(!text.contains("DIRTY"), "{text}");
+}

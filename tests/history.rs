@@ -534,17 +534,39 @@ fn restore_refuses_while_a_sandbox_or_a_server_holds_the_delta() {
         assert!(err.starts_with("agentfs: sandbox_live: "), "{err}");
         assert!(out.stdout.is_empty());
     };
-    let marker = |pid: u32| {
+    let marker = |sup: u32, pid1: u32, started: u64| {
         format!(
-            "{{\"supervisor\": {pid}, \"pid1\": {pid}, \"server\": {pid}, \"started\": 0, \"source\": \"/\"}}"
+            "{{\"supervisor\": {sup}, \"pid1\": {pid1}, \"server\": {sup}, \"started\": {started}, \"source\": \"/\"}}"
         )
     };
-    fs::write(&live, marker(std::process::id())).unwrap();
+    // A marker whose processes run, as a sandbox's do: this test as the supervisor and, as
+    // pid 1, the first process of a pid namespace of its own, both started before the marker.
+    let mut init = Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "sleep", "1000"])
+        .spawn()
+        .unwrap();
+    let children = format!("/proc/{0}/task/{0}/children", init.id());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid1: u32 = loop {
+        let text = fs::read_to_string(&children).unwrap_or_default();
+        if let Some(pid) = text.split_whitespace().next() {
+            break pid.parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "unshare started no child");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    fs::write(&live, marker(std::process::id(), pid1, now + 1)).unwrap();
     one_line(&p.run(&["restore", &p.name, "t"]));
     one_line(&p.run(&["undo", &p.name]));
     assert_eq!(p.json("log", &[]), before);
+    let _ = init.kill();
+    let _ = init.wait();
     // A live.json left by a sandbox that is gone does not block.
-    fs::write(&live, marker(999_999_999)).unwrap();
+    fs::write(&live, marker(999_999_999, 999_999_999, now)).unwrap();
     assert!(p.run(&["restore", &p.name, "t"]).status.success());
     fs::remove_file(&live).unwrap();
     p.m.mount();

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use super::{CliError, Code};
-use crate::delta::{apply, Overlay};
+use crate::delta::apply::Op;
+use crate::delta::{apply, journal, Overlay};
 use crate::sys::lock::{lock_db, LockError};
 
 #[derive(clap::Args, Debug)]
@@ -36,10 +37,29 @@ pub struct Args {
 pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
     let arg = a.db.clone();
     a.db = crate::project::delta_path(&a.db, a.project, knobs)?;
-    if let Some(reference) = a.from.clone() {
-        return from_snapshot(&a, &arg, &reference, knobs);
+    // An earlier apply of this delta that stopped halfway is finished first (before a
+    // snapshot's copy takes the delta's base records), so this one starts from what it wrote.
+    if !a.dry_run {
+        if let Some(f) = journal::finish(&a.db)? {
+            println!(
+                "finished the apply of pid {} that stopped halfway: base records of {} path(s) \
+                 refreshed, {} temporary file(s) removed",
+                f.pid,
+                f.paths,
+                f.temps.len()
+            );
+        }
     }
-    apply(&a, &a.db)
+    let result = match a.from.clone() {
+        Some(reference) => from_snapshot(&a, &arg, &reference, knobs),
+        None => apply(&a, &a.db, knobs),
+    };
+    // Promoting is the decision the mark of a full disk waits for.
+    if result.is_ok() && !a.dry_run {
+        crate::store::space::clear_full(&a.db)
+            .map_err(|e| CliError::new(Code::of_io(&e), e.to_string()).at(&a.db))?;
+    }
+    result
 }
 
 /// `--from REF`: a private copy of the project's delta (taken in one transaction, so a running
@@ -77,7 +97,7 @@ fn from_snapshot(
         )?;
         crate::history::History::open(&project.dir.join(crate::project::HISTORY))?
             .materialize(&copy, reference)?;
-        apply(a, &copy)
+        apply(a, &copy, knobs)
     })();
     for end in ["", "-wal", "-shm"] {
         let mut p = copy.clone().into_os_string();
@@ -91,8 +111,9 @@ fn from_snapshot(
 /// (`<prefix><pid>.db`): one left behind is an orphan of a killed apply.
 pub const APPLY_COPY: &str = "apply-copy-";
 
-/// Apply the delta `db` to its base; the base records are refreshed in `a.db`.
-fn apply(a: &Args, db: &std::path::Path) -> super::CliResult {
+/// Apply the delta `db` to its base; the base records are refreshed in `a.db`, and the journal
+/// of `a.db` names the paths while the base is written.
+fn apply(a: &Args, db: &std::path::Path, knobs: &crate::knobs::Knobs) -> super::CliResult {
     // Held for the whole apply, so no mount of this database can start meanwhile. A dry run
     // writes nothing and may look at a mounted delta.
     let _lock = if a.dry_run {
@@ -159,10 +180,16 @@ fn apply(a: &Args, db: &std::path::Path) -> super::CliResult {
         println!("dry run: {} step(s) not applied to {base}", ops.len());
         return Ok(0);
     }
+    let intent = journal::begin(&a.db, ops.iter().map(Op::path))?;
     use crate::store::progress::Progress as _;
     let bar = super::progress::Bar::new();
     bar.start("apply", ops.len() as u64);
+    let mut ran: u64 = 0;
     overlay.execute(&ops, |op| {
+        if ran == knobs.apply_stop_after && ran > 0 {
+            crate::sys::signals::stop_self();
+        }
+        ran += 1;
         println!("{}", op.describe());
         bar.advance(1);
     })?;
@@ -171,7 +198,7 @@ fn apply(a: &Args, db: &std::path::Path) -> super::CliResult {
     // The records now describe the base the delta matches, so a later apply of more work in
     // this delta does not see its own earlier apply as a change of the base.
     if overlay.snap.seen.is_some() {
-        let seen = overlay.seen_after(&ops)?;
+        let seen = overlay.seen_after(ops.iter().map(Op::path))?;
         crate::store::overlay::refresh_seen(&a.db, &seen).map_err(|e| {
             format!(
                 "applied, but recording the new base state failed ({e}); a later apply of this \
@@ -179,6 +206,7 @@ fn apply(a: &Args, db: &std::path::Path) -> super::CliResult {
             )
         })?;
     }
+    intent.done()?;
     Ok(0)
 }
 

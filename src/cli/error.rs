@@ -125,6 +125,18 @@ impl From<crate::store::StoreError> for CliError {
     }
 }
 
+impl From<crate::delta::journal::JournalError> for CliError {
+    fn from(e: crate::delta::journal::JournalError) -> Self {
+        use crate::delta::journal::JournalError as J;
+        match &e {
+            J::Running { db, .. } => CliError::new(Code::Busy, e.to_string()).at(db),
+            J::Io { path, source } => CliError::new(Code::of_io(source), e.to_string()).at(path),
+            J::Unreadable { path, .. } => CliError::new(Code::Io, e.to_string()).at(path),
+            J::Delta(m) => CliError::from(m.clone()),
+        }
+    }
+}
+
 impl From<crate::sys::lock::LockError> for CliError {
     fn from(e: crate::sys::lock::LockError) -> Self {
         CliError::new(e.code(), e.to_string()).at(e.path())

@@ -88,7 +88,7 @@ fn short(h: &[u8; 32]) -> String {
 }
 
 /// Seconds since the epoch as `YYYY-MM-DD HH:MM:SS` UTC.
-fn utc(secs: i64) -> String {
+pub(super) fn utc(secs: i64) -> String {
     let days = secs.div_euclid(86400);
     let rem = secs.rem_euclid(86400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).

@@ -5,6 +5,7 @@
 mod apply;
 mod backup;
 mod diff;
+mod discard;
 pub mod error;
 mod fs;
 mod fsck;
@@ -18,6 +19,7 @@ mod migrate;
 mod mount;
 mod mount_helper;
 mod progress;
+mod recover;
 mod replica;
 mod sandbox;
 mod status;
@@ -58,6 +60,12 @@ enum Command {
     Diff(diff::Args),
     /// Write an overlay delta's changes into its base directory.
     Apply(apply::Args),
+    /// Remove a project: stop its sandbox, unmount its delta, then delete its directory
+    /// (refused while it has changes never applied, unless --force).
+    Discard(discard::Args),
+    /// Find and fix what crashes left behind (dead mounts, stale records and markers, an
+    /// apply stopped halfway, orphaned projects); safe to repeat.
+    Recover(recover::Args),
     /// Mount a database (created with defaults when absent) and serve it in the background;
     /// with a project NAME: give a new project its directory, or mount its delta.
     Mount(mount::Args),
@@ -157,6 +165,8 @@ pub fn main() -> i32 {
         Command::Init(a) => init::run(a, knobs),
         Command::Diff(a) => diff::run(a, knobs),
         Command::Apply(a) => apply::run(a, knobs),
+        Command::Discard(a) => discard::run(a, knobs),
+        Command::Recover(a) => recover::run(a, knobs),
         Command::Mount(a) => mount::run(a, knobs),
         Command::Umount(a) => umount::run(a),
         Command::Fs(a) => fs::run(a),

@@ -91,6 +91,7 @@ fn project_json(name: &str, p: Result<Project, project::Error>) -> Value {
         "live_record": live,
         "last_run": crate::sandbox::latest_record(&p.dir),
         "escape_attempts": escape_attempts(&p.dir),
+        "capacity_exhausted_since": crate::store::space::full_since(&p.db()),
     })
 }
 
@@ -129,17 +130,7 @@ fn position(p: &Project) -> Value {
         Ok(None) => Value::Null,
         Err(e) => json!({ "error": e }),
     };
-    let changes = match p.source() {
-        None => Ok(0),
-        Some(_) => crate::delta::Overlay::open(&p.db())
-            .and_then(|o| o.changes())
-            .map(|c| {
-                let mut paths: Vec<&[u8]> = c.iter().map(|e| e.path.as_slice()).collect();
-                paths.dedup();
-                paths.len()
-            }),
-    };
-    match changes {
+    match p.unapplied() {
         Ok(n) => json!({ "head": head, "unapplied_changes": n }),
         Err(e) => json!({ "head": head, "unapplied_changes": null, "error": e }),
     }
@@ -218,6 +209,14 @@ fn print_projects(projects: &[Value]) {
                 last["path"].as_str().unwrap_or("?"),
                 last["pid"],
                 flag["log"].as_str().unwrap_or("?")
+            );
+        }
+        if let Some(t) = p["capacity_exhausted_since"].as_u64() {
+            println!(
+                "{:<20} DIRTY: out of space since {} (a write was refused with ENOSPC; what \
+                 was committed is kept)",
+                "",
+                super::history::utc(t as i64)
             );
         }
     }

@@ -98,9 +98,8 @@ pub fn run(a: Args) -> super::CliResult {
     let Some(rec) = server else {
         return Ok(0);
     };
-    let proc_dir = PathBuf::from(format!("/proc/{}", rec.pid));
     let deadline = Instant::now() + Duration::from_secs(a.wait);
-    while proc_dir.exists() && !is_zombie(&proc_dir) {
+    while crate::sys::ns::running(rec.pid as i32) {
         if a.force && stopped(rec.pid) {
             return Err(busy(
                 format!(
@@ -159,22 +158,9 @@ fn busy(message: String, mnt: &Path) -> CliError {
     CliError::new(Code::Busy, message).at(mnt)
 }
 
-fn is_zombie(proc_dir: &std::path::Path) -> bool {
-    proc_state(proc_dir) == Some('Z')
-}
-
 /// Whether process `pid` is stopped (SIGSTOP, or a tracer holds it).
 fn stopped(pid: u32) -> bool {
-    matches!(
-        proc_state(Path::new(&format!("/proc/{pid}"))),
-        Some('T' | 't')
-    )
-}
-
-/// The state letter of a process (/proc/PID/stat's third field).
-fn proc_state(proc_dir: &Path) -> Option<char> {
-    let stat = std::fs::read_to_string(proc_dir.join("stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
+    matches!(crate::sys::ns::state(pid as i32), Some('T' | 't'))
 }
 
 /// Requests that keep the connection behind `entry` waiting for about a second: the count

@@ -418,10 +418,13 @@ impl Overlay {
         Ok((!same).then(|| "changed (inode, size, mtime or ctime differ)".to_string()))
     }
 
-    /// What `fs_base_seen` should say after `ops` ran: each path's base object now (content
-    /// hashed for files and symlinks), or None where the base has nothing.
-    pub fn seen_after(&self, ops: &[Op]) -> Result<crate::store::overlay::SeenRows, String> {
-        let paths: BTreeSet<&[u8]> = ops.iter().map(Op::path).collect();
+    /// What `fs_base_seen` should say after steps at `paths` ran: each path's base object now
+    /// (content hashed for files and symlinks), or None where the base has nothing.
+    pub fn seen_after<'a>(
+        &self,
+        paths: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Result<crate::store::overlay::SeenRows, String> {
+        let paths: BTreeSet<&[u8]> = paths.into_iter().collect();
         let mut out = Vec::new();
         for path in paths {
             let seen = match self.base_stat(path)? {

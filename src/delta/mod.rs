@@ -10,6 +10,7 @@
 pub mod apply;
 mod gitdelta;
 mod hunks;
+pub mod journal;
 pub mod patch;
 
 use crate::store::overlay::parent_path as parent;

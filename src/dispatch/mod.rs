@@ -83,6 +83,9 @@ pub struct Dispatcher {
     owner: OnceLock<Caller>,
     /// The sandbox's fence inside the project (see `guard`); None: nothing refused by path.
     guard: OnceLock<Arc<guard::Guard>>,
+    /// Set once a request was answered with ENOSPC and the database marked full (see
+    /// [`crate::store::space::mark_full`]).
+    full: std::sync::atomic::AtomicBool,
 }
 
 /// Writes one complete notification message to the kernel.
@@ -110,6 +113,7 @@ impl Dispatcher {
             fault_panic: Some(knobs.fault_panic.clone()).filter(|f| !f.is_empty()),
             owner: OnceLock::new(),
             guard: OnceLock::new(),
+            full: Default::default(),
         }
     }
 
@@ -297,6 +301,11 @@ impl Dispatcher {
             self.fault(req);
             self.serve(req)
         }));
+        if matches!(&run, Ok(Reply::Error(e)) if *e == Errno::ENOSPC)
+            && !self.full.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            crate::store::space::mark_full(self.fs.store().path());
+        }
         run.unwrap_or_else(|payload| {
             let why = payload
                 .downcast_ref::<&str>()

@@ -6,6 +6,8 @@
 //! <root>/<name>/config.toml   the source directory and the project's launch settings
 //! <root>/<name>/delta.db      an overlay database whose base is the source
 //! <root>/<name>/live.json     present while a sandbox of the project runs
+//! <root>/<name>/delta.db-apply   present while an apply writes the source (its journal)
+//! <root>/<name>/delta.db-enospc  present once a write to the delta was refused for space
 //! <root>/<name>/runs/         one JSON record per run: what was enforced
 //! ```
 //!
@@ -381,6 +383,18 @@ impl Project {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// How many paths of the delta differ from the real directory, not yet applied (0 for a
+    /// project without a source); the error when the delta cannot be read.
+    pub fn unapplied(&self) -> Result<usize, String> {
+        if self.source().is_none() {
+            return Ok(0);
+        }
+        let changes = crate::delta::Overlay::open(&self.db())?.changes()?;
+        let mut paths: Vec<&[u8]> = changes.iter().map(|e| e.path.as_slice()).collect();
+        paths.dedup();
+        Ok(paths.len())
     }
 
     /// Bytes the delta takes on disk (the database and its WAL).

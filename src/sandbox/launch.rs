@@ -286,7 +286,7 @@ fn supervise(
                     supervisor: std::process::id() as i32,
                     pid1,
                     server: std::process::id() as i32,
-                    started: rec.started,
+                    started: record::now(),
                     source: req.source.clone(),
                     cgroup: history.cgroup_path(),
                 };

@@ -16,7 +16,8 @@ pub struct LiveMarker {
     pub pid1: i32,
     /// The process serving the project's delta.
     pub server: i32,
-    /// Unix seconds.
+    /// Unix seconds when the marker was written, after the supervisor and pid 1 started: a
+    /// process with one of their pids that started later is another one.
     pub started: u64,
     pub source: PathBuf,
     /// The cgroup checkpoints freeze (`exec` puts its command there too).
@@ -168,17 +169,31 @@ pub fn latest_record(project_dir: &Path) -> Option<RunRecord> {
     serde_json::from_slice(&std::fs::read(p).ok()?).ok()
 }
 
-fn marker_path(project_dir: &Path) -> PathBuf {
+pub fn marker_path(project_dir: &Path) -> PathBuf {
     project_dir.join("live.json")
 }
 
 /// The live sandbox of the project: None when there is none, or when the marker is stale
-/// (its supervisor or pid 1 is gone).
+/// (its supervisor or pid 1 is gone, or the pid now belongs to another process).
 pub fn live(project_dir: &Path) -> Option<LiveMarker> {
-    let m: LiveMarker =
-        serde_json::from_slice(&std::fs::read(marker_path(project_dir)).ok()?).ok()?;
-    let alive = crate::sys::ns::alive(m.supervisor) && crate::sys::ns::alive(m.pid1);
-    alive.then_some(m)
+    marker(project_dir).filter(LiveMarker::running)
+}
+
+/// The marker as it is on disk, live or stale.
+pub fn marker(project_dir: &Path) -> Option<LiveMarker> {
+    serde_json::from_slice(&std::fs::read(marker_path(project_dir)).ok()?).ok()
+}
+
+impl LiveMarker {
+    /// Whether the processes the marker names are still the ones that wrote it: the
+    /// supervisor and pid 1 run and started no later than the marker, and pid 1 is the first
+    /// process of its own pid namespace. A pid reused by another process fails this.
+    pub fn running(&self) -> bool {
+        use crate::sys::ns;
+        ns::same_process(self.supervisor, self.started)
+            && ns::same_process(self.pid1, self.started)
+            && ns::is_namespace_init(self.pid1)
+    }
 }
 
 pub fn write_live(project_dir: &Path, m: &LiveMarker) -> std::io::Result<()> {

@@ -220,6 +220,58 @@ impl SpaceGuard {
     }
 }
 
+/// The mark a database gets beside it (`<db>-enospc`) the first time its server answers a
+/// request with ENOSPC: it outlives the server, so `agentfs status` can say the delta ran out
+/// of space (a write was refused) until a successful `agentfs apply` of the delta removes it.
+/// It holds the Unix time of that first refusal; its mtime tells the same when the full disk
+/// left no room for the digits.
+pub fn full_mark(db: &Path) -> PathBuf {
+    let mut p = db.as_os_str().to_owned();
+    p.push("-enospc");
+    PathBuf::from(p)
+}
+
+/// Leave the mark (kept as it is when there is one already).
+pub fn mark_full(db: &Path) {
+    use std::io::Write as _;
+    let path = full_mark(db);
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+    {
+        Ok(mut f) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let _ = writeln!(f, "{now}");
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => tracing::warn!("cannot mark {} as full: {e}", path.display()),
+    }
+}
+
+/// When the database was first refused space, if its mark is there.
+pub fn full_since(db: &Path) -> Option<u64> {
+    let path = full_mark(db);
+    let text = std::fs::read_to_string(&path).ok()?;
+    text.trim().parse().ok().or_else(|| {
+        let m = std::fs::metadata(&path).ok()?.modified().ok()?;
+        m.duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_secs())
+    })
+}
+
+/// Remove the mark; whether there was one.
+pub fn clear_full(db: &Path) -> std::io::Result<bool> {
+    match std::fs::remove_file(full_mark(db)) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -127,6 +127,15 @@ pub fn is_missing(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
 }
 
+/// The name of the temporary file [`Beneath::write_file`] of process `pid` writes beside the
+/// file named `last` before renaming it over it: `.<last>.agentfs-apply-<pid>`.
+pub fn temp_name(last: &[u8], pid: u32) -> Vec<u8> {
+    let mut name = b".".to_vec();
+    name.extend_from_slice(&last[..last.len().min(200)]);
+    name.extend_from_slice(format!(".agentfs-apply-{pid}").as_bytes());
+    name
+}
+
 impl Beneath {
     /// Open `root` (a directory) as the confining tree.
     pub fn open(root: &Path) -> io::Result<Beneath> {
@@ -344,10 +353,7 @@ impl Beneath {
         owner: Option<(u32, u32)>,
     ) -> io::Result<()> {
         let (dir, name, last) = self.parent(rel)?;
-        let mut tmp_name = b".".to_vec();
-        tmp_name.extend_from_slice(&last[..last.len().min(200)]);
-        tmp_name.extend_from_slice(format!(".agentfs-apply-{}", std::process::id()).as_bytes());
-        let tmp = cstr(&tmp_name)?;
+        let tmp = cstr(&temp_name(last, std::process::id()))?;
         // SAFETY: valid dir fd and NUL-terminated name; a leftover from a crashed run is removed.
         unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
         // SAFETY: valid dir fd and NUL-terminated name; O_EXCL|O_NOFOLLOW create a new file.

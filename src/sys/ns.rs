@@ -380,6 +380,66 @@ pub fn alive(pid: i32) -> bool {
         && (kill(pid, 0).is_ok() || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
 }
 
+/// The state letter of process `pid` (/proc/PID/stat's third field: R, S, D, T, t, Z, ...).
+pub fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Whether process `pid` exists and is not a zombie waiting to be reaped.
+pub fn running(pid: i32) -> bool {
+    alive(pid) && !matches!(state(pid), Some('Z') | None)
+}
+
+/// When process `pid` started, in Unix seconds (rounded down), from its start time in clock
+/// ticks after boot (/proc/PID/stat's 22nd field) and the boot time (/proc/stat's btime).
+pub fn started_at(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let ticks: u64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()?;
+    let boot: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|&h| h > 0)?;
+    Some(boot + ticks / hz as u64)
+}
+
+/// Whether process `pid` is the one a record written at `recorded` (Unix seconds) names: it
+/// runs and started no later than that (a pid reused afterwards belongs to a younger process;
+/// the second of slack covers both clocks rounding down).
+pub fn same_process(pid: i32, recorded: u64) -> bool {
+    running(pid) && started_at(pid).is_some_and(|t| t <= recorded + 1)
+}
+
+/// Whether process `pid` is the first process (pid 1) of a pid namespace below ours
+/// (/proc/PID/status's NSpid ends in 1).
+pub fn is_namespace_init(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let ids: Vec<String> = s
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))?
+                .split_whitespace()
+                .map(str::to_string)
+                .collect();
+            Some(ids.len() > 1 && ids.last().map(String::as_str) == Some("1"))
+        })
+        .unwrap_or(false)
+}
+
 /// Make the calling process's group the terminal's foreground group (an interactive shell
 /// started in the sandbox takes the terminal it was given). Ignored when stdin is no terminal.
 pub fn take_terminal() {

@@ -161,6 +161,36 @@ fn parse(text: &str) -> Option<ServerRecord> {
 
 /// Every record whose server is still alive; stale records are removed.
 pub fn live() -> Vec<ServerRecord> {
+    let mut out = Vec::new();
+    for (path, rec) in records() {
+        match rec {
+            Some(r) if super::ns::running(r.pid as i32) => out.push(r),
+            _ => {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    out.sort_by_key(|r| r.pid);
+    out
+}
+
+/// The records whose server is gone (or that cannot be read), with the pid when known; left
+/// in place for the caller to remove.
+pub fn stale() -> Vec<(PathBuf, Option<u32>)> {
+    let mut out: Vec<(PathBuf, Option<u32>)> = records()
+        .into_iter()
+        .filter_map(|(path, rec)| match rec {
+            Some(r) if super::ns::running(r.pid as i32) => None,
+            r => Some((path, r.map(|r| r.pid))),
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every server record file and what it says (None: unreadable); ended servers' logs and
+/// outcomes past [`KEEP_ENDED`] are removed on the way.
+fn records() -> Vec<(PathBuf, Option<ServerRecord>)> {
     let Ok(dir) = std::fs::read_dir(runtime_dir()) else {
         return Vec::new();
     };
@@ -176,14 +206,8 @@ pub fn live() -> Vec<ServerRecord> {
             _ => continue,
         }
         let rec = std::fs::read_to_string(&path).ok().and_then(|t| parse(&t));
-        match rec {
-            Some(r) if Path::new(&format!("/proc/{}", r.pid)).exists() => out.push(r),
-            _ => {
-                let _ = std::fs::remove_file(&path);
-            }
-        }
+        out.push((path, rec));
     }
-    out.sort_by_key(|r| r.pid);
     out
 }
 

@@ -31,3 +31,8 @@ pub fn wait_shutdown_signal() -> i32 {
         sig
     }
 }
+
+/// Stop the calling process (SIGSTOP) until someone continues or kills it.
+pub fn stop_self() {
+    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+}
