@@ -120,6 +120,7 @@ codes! {
     RestoreDamaged = "restore_damaged", DbCorrupt;
     LitestreamFailed = "litestream_failed", CommandFailed;
     ReplicaBehind = "replica_behind", Io;
+    ReplicateMismatch = "replicate_mismatch", SandboxLive;
 }
 
 impl Code {

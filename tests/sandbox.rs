@@ -79,6 +79,7 @@ impl Spec {
                 ("HOME".into(), self.home_dir.clone().into()),
                 ("LANG".into(), "C".into()),
             ],
+            replicate: None,
         }
     }
 }

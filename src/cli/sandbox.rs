@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use crate::knobs::Knobs;
 use crate::project::config::{HomeName, NetName, PolicyName, Settings};
 use crate::project::{self, launch, Error, Project};
+use crate::replica::ReplicaUrl;
 use crate::store::overlay::{self, OverlayConfig};
 use crate::store::InitOptions;
 
@@ -48,6 +49,11 @@ pub struct LaunchFlags {
     /// implies --policy workspace-write.
     #[arg(long = "writable-root", value_name = "PATH")]
     pub writable_roots: Vec<PathBuf>,
+    /// Replicate the project's databases (delta and history) to this URL with Litestream for
+    /// the sandbox's lifetime (overrides `[replicate] url` of config.toml; see `agentfs
+    /// replicate`). `exec` joining a live sandbox accepts only that sandbox's own URL.
+    #[arg(long, value_name = "URL")]
+    pub replicate: Option<String>,
 }
 
 impl LaunchFlags {
@@ -63,6 +69,15 @@ impl LaunchFlags {
         s.policy.mode = self.policy;
         s.policy.writable_roots = self.writable_roots;
         s
+    }
+
+    /// Where to replicate: the flag, else the project's `[replicate] url`.
+    fn replica_url(&self, project: &Project) -> Result<Option<ReplicaUrl>, Error> {
+        self.replicate
+            .as_deref()
+            .or(project.config.replicate.as_ref().map(|r| r.url.as_str()))
+            .map(ReplicaUrl::parse)
+            .transpose()
     }
 }
 
@@ -231,10 +246,13 @@ fn launch(
     knobs: &Knobs,
 ) -> i32 {
     let req = project::root(knobs).and_then(|root| {
+        let replicate = flags.replica_url(project)?;
         let mut settings = project::defaults(&root)?;
         settings.merge(project.config.settings());
         settings.merge(flags.into_settings());
-        launch::request(project, &root, settings, command)
+        let mut req = launch::request(project, &root, settings, command)?;
+        req.replicate = replicate;
+        Ok(req)
     });
     let req = match req {
         Ok(r) => r,

@@ -304,6 +304,7 @@ pub fn request(
         policy,
         net: sb.net.map(Net::from).unwrap_or(Net::Host),
         env,
+        replicate: None,
     })
 }
 

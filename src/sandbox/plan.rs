@@ -362,6 +362,7 @@ mod tests {
             },
             net: Net::Host,
             env: vec![],
+            replicate: None,
         }
     }
 
