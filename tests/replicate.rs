@@ -629,6 +629,15 @@ fn a_sandbox_that_cannot_replicate_refuses_before_its_command() {
         .unwrap_or(true));
 }
 
+/// Writes its file on drop: the sandbox waiting for it ends even when the test fails.
+struct ReleaseOnDrop(PathBuf);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::write(&self.0, b"");
+    }
+}
+
 /// Whether project `name` has a live sandbox (`status --json`).
 fn sandbox_live(w: &World, name: &str) -> bool {
     let v: Value = serde_json::from_str(&ok(&af(w, &["status", "--json"]))).unwrap();
@@ -677,6 +686,8 @@ fn exec_joins_a_replicated_sandbox_only_with_its_url() {
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
+    // A failed assertion must not leave the sandbox waiting for `go`.
+    let _release = ReleaseOnDrop(ctl.join("go"));
     let deadline = Instant::now() + PATIENCE;
     while !sandbox_live(&w, "p") {
         assert!(run.try_wait().unwrap().is_none(), "run ended early");
