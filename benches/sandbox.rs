@@ -37,6 +37,7 @@ fn request(root: &Path, command: &[&str]) -> SandboxRequest {
         refuse_escaping_symlinks: false,
         net: Net::Host,
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        replicate: None,
     }
 }
 

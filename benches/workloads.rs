@@ -1188,6 +1188,13 @@ fn main() {
         tree.files,
         tree.bytes as f64 / MIB as f64
     );
+    if args.iter().skip(1).any(|a| a == "replicate-lag") {
+        let text = agentfs_binary(&manifest)
+            .and_then(|bin| replica::run_lag(&bin, &work))
+            .unwrap_or_else(|e| format!("failed: {e}\n"));
+        println!("\n{text}");
+        return;
+    }
     if args.iter().skip(1).any(|a| a == "replicate") {
         let table = agentfs_binary(&manifest)
             .and_then(|bin| replica::run_replica(&bin, &work, &plan, &tree))

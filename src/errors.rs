@@ -122,6 +122,7 @@ codes! {
     BadMountOption = "bad_mount_option", Usage;
     LitestreamFailed = "litestream_failed", CommandFailed;
     ReplicaBehind = "replica_behind", Io;
+    ReplicateMismatch = "replicate_mismatch", SandboxLive;
 }
 
 impl Code {

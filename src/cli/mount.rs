@@ -248,7 +248,7 @@ fn replicate(
             Code::ReplicateReadonly,
             "a read-only mount writes nothing to replicate",
         )),
-        Some(u) => Ok(Some(super::replica::start(db, u, knobs)?)),
+        Some(u) => Ok(Some(crate::replica::start(db, u, knobs)?)),
         None => Ok(None),
     }
 }

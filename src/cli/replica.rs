@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::errors::Code;
 use crate::knobs::Knobs;
 use crate::project::{self, Project, Target};
-use crate::replica::{self, ReplicaUrl, Replication};
+use crate::replica::{self, ReplicaUrl};
 use crate::store::Store;
 
 #[derive(clap::Args, Debug)]
@@ -48,17 +48,11 @@ pub fn target_db(
     Ok(project::delta_path(arg, force_project, knobs)?)
 }
 
-/// Start replicating `db` (and its project's history) to `url`.
-pub fn start(db: &Path, url: &ReplicaUrl, knobs: &Knobs) -> Result<Replication, super::CliError> {
-    let dbs = replica::databases(db, url)?;
-    Ok(Replication::start(dbs, knobs)?)
-}
-
 /// `agentfs replicate`: in the foreground until SIGINT, SIGTERM or SIGHUP (or Litestream ends).
 pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
     let url = ReplicaUrl::parse(&a.url)?;
     let db = target_db(&a.target, a.project, knobs)?;
-    let mut rep = start(&db, &url, knobs)?;
+    let mut rep = replica::start(&db, &url, knobs)?;
     // Litestream runs with the default signal mask; from here on a shutdown signal reaches
     // only the thread that waits for it.
     crate::sys::signals::block_shutdown_signals();

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use crate::knobs::Knobs;
 use crate::project::config::{HomeName, NetName, PolicyName, Settings, SymlinkName};
 use crate::project::{self, launch, Error, Project};
+use crate::replica::ReplicaUrl;
 use crate::store::overlay::{self, OverlayConfig};
 use crate::store::InitOptions;
 
@@ -52,6 +53,11 @@ pub struct LaunchFlags {
     /// and an audit event for a target that resolves outside the project).
     #[arg(long, value_enum)]
     pub symlinks: Option<SymlinkName>,
+    /// Replicate the project's databases (delta and history) to this URL with Litestream for
+    /// the sandbox's lifetime (overrides `[replicate] url` of config.toml; see `agentfs
+    /// replicate`). `exec` joining a live sandbox accepts only that sandbox's own URL.
+    #[arg(long, value_name = "URL")]
+    pub replicate: Option<String>,
 }
 
 impl LaunchFlags {
@@ -68,6 +74,15 @@ impl LaunchFlags {
         s.policy.writable_roots = self.writable_roots;
         s.policy.symlinks = self.symlinks;
         s
+    }
+
+    /// Where to replicate: the flag, else the project's `[replicate] url`.
+    fn replica_url(&self, project: &Project) -> Result<Option<ReplicaUrl>, Error> {
+        self.replicate
+            .as_deref()
+            .or(project.config.replicate.as_ref().map(|r| r.url.as_str()))
+            .map(ReplicaUrl::parse)
+            .transpose()
     }
 }
 
@@ -236,10 +251,13 @@ fn launch(
     knobs: &Knobs,
 ) -> i32 {
     let req = project::root(knobs).and_then(|root| {
+        let replicate = flags.replica_url(project)?;
         let mut settings = project::defaults(&root)?;
         settings.merge(project.config.settings());
         settings.merge(flags.into_settings());
-        launch::request(project, &root, settings, command)
+        let mut req = launch::request(project, &root, settings, command)?;
+        req.replicate = replicate;
+        Ok(req)
     });
     let req = match req {
         Ok(r) => r,

@@ -188,7 +188,12 @@ fn print_projects(projects: &[Value]) {
                 .filter(|x| x["alive"] == json!(true))
                 .map(|x| x["pid"].to_string())
                 .collect();
-            format!("live, pids {}", pids.join(","))
+            let replicated = if p["live_record"]["replicate"].is_string() {
+                ", replicated"
+            } else {
+                ""
+            };
+            format!("live, pids {}{replicated}", pids.join(","))
         } else {
             "-".into()
         };

@@ -90,6 +90,11 @@ impl Db {
             .map_err(e(&path))?;
         c.pragma_update(None, "synchronous", "FULL")
             .map_err(e(&path))?;
+        // A replicated history's WAL is Litestream's to checkpoint (src/replica.rs).
+        if crate::replica::leaves_checkpoints(&path) {
+            c.pragma_update(None, "wal_autocheckpoint", 0)
+                .map_err(e(&path))?;
+        }
         let format: Option<String> = c
             .query_row(
                 "SELECT value FROM history_meta WHERE key = 'format'",

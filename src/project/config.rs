@@ -161,6 +161,16 @@ impl Settings {
     }
 }
 
+/// `[replicate]` of a project's config.toml: every sandbox of the project (`run`, `quick`, an
+/// `exec` that starts its own) replicates its databases to `url`; `--replicate` overrides it.
+/// Not a launch setting of defaults.toml: two projects replicated to one URL would overwrite
+/// each other's replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicateSection {
+    pub url: String,
+}
+
 /// A project's config.toml.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -173,6 +183,8 @@ pub struct ProjectConfig {
     pub sandbox: SandboxSection,
     #[serde(default)]
     pub policy: PolicySection,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicate: Option<ReplicateSection>,
 }
 
 impl ProjectConfig {

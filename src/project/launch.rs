@@ -305,6 +305,7 @@ pub fn request(
         refuse_escaping_symlinks: settings.policy.symlinks == Some(SymlinkName::RefuseEscaping),
         net: sb.net.map(Net::from).unwrap_or(Net::Host),
         env,
+        replicate: None,
     })
 }
 

@@ -26,7 +26,7 @@ use nix::sched::CloneFlags;
 use super::audit::{self, AuditLog};
 use super::history::RunHistory;
 use super::plan::{self, Op};
-use super::record::{self, LiveMarker, RunRecord};
+use super::record::{self, LiveMarker, ReplicationRecord, RunRecord};
 use super::request::{HomeMode, Net, SandboxRequest};
 use super::view::{self, Failure};
 use super::{preflight, SandboxError};
@@ -87,6 +87,15 @@ fn send_failure(sock: &UnixStream, f: &Failure) {
 /// propagate (the command's code, 128+N when killed by signal N).
 pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
     preflight::check(req)?;
+    // Litestream starts before the server and the history open their databases, so both leave
+    // checkpoints to it from the first open. A replication that cannot start refuses the
+    // launch: the command never runs unreplicated when replication was asked for.
+    let replication = match &req.replicate {
+        Some(url) => {
+            Some(crate::replica::start(&req.db, url, knobs).map_err(SandboxError::Replication)?)
+        }
+        None => None,
+    };
     let ids = Ids::for_command();
     let mut history = RunHistory::prepare(req, knobs)?;
     let mut viewed = req.clone();
@@ -96,6 +105,20 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
         .map_err(|e| io_err(&req.project_dir.display().to_string(), e))?;
     let mut rec = new_record(req, &plan, ids);
     let audit = fence(req, knobs)?;
+    rec.replication = replication.as_ref().map(|r| ReplicationRecord {
+        url: req
+            .replicate
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        litestream_pid: r.litestream_pid(),
+        databases: r
+            .dbs
+            .iter()
+            .map(|(d, u)| (d.clone(), u.to_string()))
+            .collect(),
+        ended: None,
+    });
 
     let (sup, inside) = ns::seqpacket_pair().map_err(|e| io_err("socketpair", e))?;
     let supervisor = std::process::id() as i32;
@@ -135,6 +158,17 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
         Err(e) => rec.error = Some(format!("{}: {e}", e.code())),
     }
     rec.history = history.record.clone();
+    // The server has committed its last barrier and the exit snapshot is taken: the last pass
+    // ships both. Its failure is said and recorded; the command's status still goes out.
+    if let (Some(r), Some(rr)) = (replication, rec.replication.as_mut()) {
+        rr.ended = Some(match r.stop() {
+            Ok(()) => "caught up".into(),
+            Err(e) => {
+                eprintln!("agentfs: {e}");
+                e.to_string()
+            }
+        });
+    }
     if let Err(e) = rec.write(&req.project_dir) {
         tracing::warn!("cannot write the run record: {e}");
     }
@@ -211,6 +245,7 @@ fn new_record(req: &SandboxRequest, plan: &[Op], ids: Ids) -> RunRecord {
         error: None,
         history: Default::default(),
         escape_attempts: 0,
+        replication: None,
     }
 }
 
@@ -289,6 +324,7 @@ fn supervise(
                     started: record::now(),
                     source: req.source.clone(),
                     cgroup: history.cgroup_path(),
+                    replicate: req.replicate.as_ref().map(ToString::to_string),
                 };
                 history.start(pid1, server_store.clone());
                 rec.history = history.record.clone();
@@ -623,9 +659,35 @@ fn reap_until(child: i32) -> i32 {
 /// run it in a sandbox of its own for its lifetime.
 pub fn exec(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
     match record::live(&req.project_dir) {
-        Some(m) => join(req, &m),
+        Some(m) => {
+            same_replication(req, &m)?;
+            join(req, &m)
+        }
         None => run(req, knobs),
     }
+}
+
+/// A command joining a live sandbox writes through that sandbox's server, so the sandbox's
+/// replication is the one that covers it: asking for replication is accepted only when it
+/// names the URL the sandbox already replicates to (`replicate_mismatch` otherwise).
+fn same_replication(req: &SandboxRequest, live: &LiveMarker) -> Result<(), SandboxError> {
+    let Some(want) = req.replicate.as_ref().map(ToString::to_string) else {
+        return Ok(());
+    };
+    if live.replicate.as_deref() == Some(want.as_str()) {
+        return Ok(());
+    }
+    let has = match &live.replicate {
+        Some(u) => format!("replicates to {u}"),
+        None => "is not replicated".into(),
+    };
+    Err(SandboxError::Replication(crate::project::Error::new(
+        crate::errors::Code::ReplicateMismatch,
+        format!(
+            "the live sandbox of project {} (supervisor pid {}) {has}: a command joining it cannot replicate to {want}; join it without --replicate (and without [replicate] in config.toml), or end it first",
+            req.project, live.supervisor
+        ),
+    )))
 }
 
 fn join(req: &SandboxRequest, live: &LiveMarker) -> Result<i32, SandboxError> {

@@ -63,6 +63,10 @@ pub enum SandboxError {
     Io(String),
     #[error("{0}")]
     Config(String),
+    /// Replication refused or failed to start (`litestream_missing`, `litestream_failed`,
+    /// `replicating`, `replicate_mismatch`, ...): nothing was run.
+    #[error("{}", .0.message)]
+    Replication(crate::project::Error),
     #[error("no cgroup can be made to freeze the sandbox for checkpoints ({0}); AGENTFS_CHECKPOINT_FREEZE=auto runs with unfrozen checkpoints, =off never freezes")]
     FreezerUnavailable(String),
 }
@@ -93,6 +97,7 @@ impl SandboxError {
             SandboxError::Io(_) => Code::Io,
             SandboxError::Config(_) => Code::BadConfig,
             SandboxError::FreezerUnavailable(_) => Code::FreezerUnavailable,
+            SandboxError::Replication(e) => e.code,
         }
     }
 

@@ -370,6 +370,7 @@ mod tests {
             refuse_escaping_symlinks: false,
             net: Net::Host,
             env: vec![],
+            replicate: None,
         }
     }
 

@@ -23,6 +23,9 @@ pub struct LiveMarker {
     /// The cgroup checkpoints freeze (`exec` puts its command there too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<PathBuf>,
+    /// The replica URL the sandbox replicates to (`exec --replicate` must name the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicate: Option<String>,
 }
 
 /// One mount of the view and the mode it ended with.
@@ -67,6 +70,22 @@ pub struct RunRecord {
     /// Writes (and escaping symlinks) the server refused and logged as escape attempts.
     #[serde(default)]
     pub escape_attempts: u64,
+    /// The replication that ran for the sandbox's lifetime, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationRecord>,
+}
+
+/// The replication side of a run (docs/replication.md).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReplicationRecord {
+    pub url: String,
+    pub litestream_pid: u32,
+    /// Each replicated database and its replica URL.
+    pub databases: Vec<(PathBuf, String)>,
+    /// How it ended: `caught up` (the last pass shipped everything up to the final barrier)
+    /// or the named error that says what the replica may miss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
 }
 
 /// The history side of a run (docs/history.md).

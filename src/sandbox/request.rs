@@ -41,6 +41,9 @@ pub struct SandboxRequest {
     pub net: Net,
     /// The command's whole environment (the scrubbed baseline plus `--env`), in order.
     pub env: Vec<(OsString, OsString)>,
+    /// Where the project's databases are replicated for the sandbox's lifetime (`--replicate`,
+    /// or `[replicate] url` of config.toml), if anywhere.
+    pub replicate: Option<crate::replica::ReplicaUrl>,
 }
 
 /// How the user's home appears in the view.
