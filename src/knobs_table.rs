@@ -119,6 +119,8 @@ knob_table! {
         "How often Litestream ships a replicated database's new WAL frames to the replica (its sync-interval), in milliseconds.";
     replica_stop_wait_ms: U64 = 30000, [100, 3600000], Policy, "AGENTFS_REPLICA_STOP_WAIT_MS",
         "When a replication ends (replicate stopped, a mount unmounted, a sandbox's command exited): the most time Litestream gets to exit after SIGTERM, and then its last pass (litestream replicate -once) to bring the replica up to the final barrier, each, in milliseconds; a pass that takes longer is killed and reported as replica_behind.";
+    replica_status_wait_ms: U64 = 5000, [100, 600000], Policy, "AGENTFS_REPLICA_STATUS_WAIT_MS",
+        "The most time status gives each question it asks Litestream about a live replication (its local position, the replica's newest file), in milliseconds; past it the question is killed and the position shows why, so an unreachable replica never stalls status.";
     replica_leave_checkpoints: Bool = true, [0, 1], KillSwitch, "AGENTFS_REPLICA_LEAVE_CHECKPOINTS",
         "While a database is replicated, leave WAL checkpoints to Litestream: the server opens it with SQLite's automatic checkpoint off and takes no TRUNCATE checkpoint at unmount or when space runs low (0 = the server checkpoints as usual and Litestream copes).";
     require_litestream: Bool = false, [0, 1], Policy, "AGENTFS_REQUIRE_LITESTREAM",

@@ -534,6 +534,42 @@ fn hex_txid(v: &serde_json::Value) -> Option<u64> {
     u64::from_str_radix(v.as_str()?, 16).ok()
 }
 
+/// Run `cmd` (stdin and stderr closed) for at most `limit`: its standard output when it
+/// succeeded, an error when it failed, None when it took longer (it is then killed).
+fn output_within(cmd: &mut Command, limit: Duration) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read as _;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut stdout = child.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?;
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        stdout.read_to_end(&mut v).map(|_| v)
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = reader
+        .join()
+        .map_err(|_| std::io::Error::other("reading litestream's output"))??;
+    match status {
+        Some(st) if st.success() => Ok(Some(out)),
+        Some(st) => Err(std::io::Error::other(format!("litestream: {st}"))),
+        None => Ok(None),
+    }
+}
+
 /// The positions of every database of a live replication (asks Litestream and the replica).
 pub fn positions(r: &Record, knobs: &Knobs) -> Vec<Position> {
     let bin = litestream(knobs).ok();
@@ -550,14 +586,23 @@ pub fn positions(r: &Record, knobs: &Knobs) -> Vec<Position> {
             let Some(bin) = &bin else {
                 return p;
             };
-            let json = |args: &[&std::ffi::OsStr]| -> Option<serde_json::Value> {
-                let out = Command::new(bin)
-                    .args(args)
-                    .stdin(Stdio::null())
-                    .output()
-                    .ok()?;
-                out.status.success().then_some(())?;
-                serde_json::from_slice(&out.stdout).ok()
+            let limit = Duration::from_millis(knobs.replica_status_wait_ms);
+            let mut late = None;
+            let mut json = |args: &[&std::ffi::OsStr]| -> Option<serde_json::Value> {
+                let mut cmd = Command::new(bin);
+                cmd.args(args);
+                match output_within(&mut cmd, limit) {
+                    Ok(Some(out)) => serde_json::from_slice(&out).ok(),
+                    Ok(None) => {
+                        late = Some(format!(
+                            "litestream {} did not answer within {} ms",
+                            args.first().map_or("".into(), |a| a.to_string_lossy()),
+                            limit.as_millis()
+                        ));
+                        None
+                    }
+                    Err(_) => None,
+                }
             };
             let status = json(&[
                 "status".as_ref(),
@@ -589,6 +634,9 @@ pub fn positions(r: &Record, knobs: &Knobs) -> Vec<Position> {
                         .and_then(|s| s.as_str())
                         .map(String::from);
                 }
+            }
+            if let Some(e) = late {
+                p.error = Some(e);
             }
             p.lag_txns = match (p.local_txid, p.replica_txid) {
                 (Some(l), Some(r)) => Some(l.saturating_sub(r)),

@@ -278,8 +278,14 @@ fn a_lost_machine_is_restored_up_to_a_confirmed_barrier_as_a_user() {
 
 /// `agentfs replicate` of a database in the foreground, ended by SIGTERM.
 fn replicate_fg(w: &World, db: &Path, url: &str) -> Child {
+    replicate_fg_with(w, db, url, &[])
+}
+
+/// [`replicate_fg`] with knobs set for the replication.
+fn replicate_fg_with(w: &World, db: &Path, url: &str, env: &[(&str, &str)]) -> Child {
     let mut c =
         s3::apply(&mut w.command(&common::bin(), &["replicate", db.to_str().unwrap(), url]))
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -746,4 +752,68 @@ fn exec_joins_a_replicated_sandbox_only_with_its_url() {
         patch.contains("+joined\n") && patch.contains("+main\n"),
         "{patch}"
     );
+}
+
+#[test]
+fn status_answers_when_the_replica_stops_answering() {
+    if !tools_or_skip("status_answers_when_the_replica_stops_answering") {
+        return;
+    }
+    let w = World::new(None);
+    let mut s3 = S3::start();
+    let url = s3.bucket("silent", "db");
+    let db = w.base.join("a.db");
+    ok(&af(&w, &["init", db.to_str().unwrap()]));
+    // Its end (a last pass to a replica that never answers) is bounded by the stop wait.
+    let rep = replicate_fg_with(&w, &db, &url, &[("AGENTFS_REPLICA_STOP_WAIT_MS", "1000")]);
+    // The S3 server goes, and in its place a listener that accepts and never answers.
+    let port = s3.port;
+    let _ = s3.child.kill();
+    let _ = s3.child.wait();
+    let silent = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let held = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        for c in silent.incoming().take(16) {
+            conns.push(c);
+        }
+    });
+    let mut c = s3::apply(&mut w.command(&common::bin(), &["status", "--json"]))
+        .env("AGENTFS_REPLICA_STATUS_WAIT_MS", "500")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let st = common::wait_timeout(&mut c, PATIENCE);
+    if st.is_none() {
+        let _ = c.kill();
+    }
+    let o = c.wait_with_output().unwrap();
+    let st = st.expect("status answered");
+    assert!(st.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = v["replications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| {
+            r["databases"][0]["db"]
+                .as_str()
+                .is_some_and(|d| Path::new(d).starts_with(&w.base))
+        })
+        .unwrap_or_else(|| panic!("{v}"))
+        .clone();
+    let e = r["databases"][0]["error"].as_str().unwrap_or("");
+    assert!(e.contains("did not answer within 500 ms"), "{r}");
+    stop_fg_anyway(rep);
+    drop(held);
+}
+
+/// End a foreground replicate whose replica may be gone (its last pass can fail).
+fn stop_fg_anyway(mut c: Child) {
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    if common::wait_timeout(&mut c, PATIENCE).is_none() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }

@@ -41,7 +41,7 @@ pub fn apply(cmd: &mut Command) -> &mut Command {
 
 /// A moto S3 server on a free loopback port, ended by its pid on drop.
 pub struct S3 {
-    child: Child,
+    pub child: Child,
     pub port: u16,
 }
 
