@@ -9,7 +9,6 @@
 mod common;
 
 use std::fs;
-use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output};
 use std::sync::Mutex;
@@ -74,33 +73,6 @@ fn pid_of(v: &Value) -> i32 {
 
 fn running(pid: i32) -> bool {
     agentfs::sys::ns::running(pid)
-}
-
-/// Every entry under `dir` (relative path, mode, content or symlink target), sorted.
-fn tree(dir: &Path) -> Vec<(String, u32, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            let md = fs::symlink_metadata(&p).unwrap();
-            let body = if md.is_file() {
-                fs::read(&p).unwrap()
-            } else if md.is_symlink() {
-                fs::read_link(&p)
-                    .unwrap()
-                    .into_os_string()
-                    .into_encoded_bytes()
-            } else {
-                stack.push(p.clone());
-                Vec::new()
-            };
-            let rel = p.strip_prefix(dir).unwrap().display().to_string();
-            out.push((rel, md.mode(), body));
-        }
-    }
-    out.sort();
-    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -493,13 +465,17 @@ fn apply_killed_halfway(via_recover: bool, user: Option<u32>) {
     // The tree a full apply makes.
     let (full, full_src) = promoted_world(user);
     launched(&full.af(&["apply", "prom", "--from", "HEAD"]));
-    let want = tree(&full_src);
+    let want = common::tree_listing(&full_src);
 
     let (w, src) = promoted_world(user);
     let pid = apply_killed_after(&w, 3);
     let dir = w.root().join("prom");
     assert!(dir.join("delta.db-apply").exists(), "no journal");
-    assert_ne!(tree(&src), want, "the apply was not halfway");
+    assert_ne!(
+        common::tree_listing(&src),
+        want,
+        "the apply was not halfway"
+    );
     // What a write killed between its temporary file and the rename leaves.
     let temp = agentfs::sys::beneath::temp_name(b"g5", pid);
     let temp = src.join(std::ffi::OsStr::new(std::str::from_utf8(&temp).unwrap()));
@@ -536,7 +512,7 @@ fn apply_killed_halfway(via_recover: bool, user: Option<u32>) {
     let out = w.af(&["apply", "prom", "--from", "HEAD"]);
     launched(&out);
     assert!(!temp.exists(), "the temporary file is still there");
-    assert_eq!(tree(&src), want);
+    assert_eq!(common::tree_listing(&src), want);
     let out = w.af(&["apply", "prom", "--from", "HEAD"]);
     launched(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to do"));

@@ -34,30 +34,6 @@ fn host_mounts_of(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// A listing of every entry under `dir` with its type, mode, size and content bytes.
-fn snapshot(dir: &Path) -> Vec<(String, u32, Vec<u8>)> {
-    use std::os::unix::fs::MetadataExt as _;
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            let md = fs::symlink_metadata(&p).unwrap();
-            let body = if md.is_file() {
-                fs::read(&p).unwrap()
-            } else {
-                Vec::new()
-            };
-            if md.is_dir() {
-                stack.push(p.clone());
-            }
-            out.push((p.display().to_string(), md.mode(), body));
-        }
-    }
-    out.sort();
-    out
-}
-
 fn exit_statuses(w: &World) {
     let src = w.source("proj");
     let src_s = src.to_str().unwrap();
@@ -101,13 +77,13 @@ fn writes_land_in_the_delta_and_the_host_tree_is_untouched() {
     let w = World::new(None);
     let src = w.source("app");
     fs::create_dir(src.join("sub")).unwrap();
-    let before = snapshot(&src);
+    let before = common::tree_listing(&src);
     let script = "echo new > new.txt && rm README && echo x >> sub/f && cat new.txt && pwd";
     let o = w.af(&["quick", src.to_str().unwrap(), "--", "sh", "-c", script]);
     started(&o);
     assert!(o.status.success(), "{}", err(&o));
     assert_eq!(stdout(&o), format!("new\n{}\n", src.display()));
-    assert_eq!(snapshot(&src), before, "the host tree changed");
+    assert_eq!(common::tree_listing(&src), before, "the host tree changed");
     // By its database: the name `app` is also the source directory in the world's cwd.
     let db = w.root().join("app/delta.db");
     let d = w.af(&["diff", db.to_str().unwrap(), "--name-only"]);
@@ -357,13 +333,17 @@ fn git_works_inside_a_project() {
     }
     let w = World::new(None);
     let src = repo(&w, "repo");
-    let before = snapshot(&src);
+    let before = common::tree_listing(&src);
     let script = format!("git status --short && {COMMIT}");
     let o = w.af(&["quick", src.to_str().unwrap(), "--", "sh", "-c", &script]);
     started(&o);
     assert!(o.status.success(), "{}", err(&o));
     assert_eq!(stdout(&o), "2\n");
-    assert_eq!(snapshot(&src), before, "the host repository changed");
+    assert_eq!(
+        common::tree_listing(&src),
+        before,
+        "the host repository changed"
+    );
 }
 
 /// Seed 001's case: a linked worktree's git directory lies outside it, so a commit fails until

@@ -514,11 +514,7 @@ mod tests {
             },
         );
         assert!(outer < inner && inner < ro, "outer roots are bound first");
-        let writable: Vec<&Path> = ops[ro..]
-            .iter()
-            .filter(|o| matches!(o, Op::Writable { .. }))
-            .map(|o| o.path())
-            .collect();
+        let writable = writable_after(&ops);
         assert_eq!(
             writable,
             [

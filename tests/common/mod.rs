@@ -437,3 +437,32 @@ pub fn readable_by_all(p: &Path) -> bool {
             .unwrap_or(false)
     })
 }
+
+/// Every entry under `dir`: its path relative to `dir`, mode, and content (files) or target
+/// (symlinks), sorted. Two equal listings mean an unchanged tree.
+pub fn tree_listing(dir: &Path) -> Vec<(String, u32, Vec<u8>)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            let md = fs::symlink_metadata(&p).unwrap();
+            let body = if md.is_file() {
+                fs::read(&p).unwrap()
+            } else if md.is_symlink() {
+                fs::read_link(&p)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else {
+                stack.push(p.clone());
+                Vec::new()
+            };
+            let rel = p.strip_prefix(dir).unwrap().display().to_string();
+            out.push((rel, md.mode(), body));
+        }
+    }
+    out.sort();
+    out
+}
