@@ -252,27 +252,33 @@ fn alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Every replication whose Litestream is alive; records of ended ones are removed.
-pub fn live() -> Vec<Record> {
+/// Every record of the runtime directory: its path, and the record when it parses.
+fn records() -> Vec<(PathBuf, Option<Record>)> {
     let Ok(dir) = std::fs::read_dir(registry::runtime_dir()) else {
         return Vec::new();
     };
+    dir.flatten()
+        .map(|ent| ent.path())
+        .filter(|path| path.extension().and_then(|e| e.to_str()) == Some("replica"))
+        .map(|path| {
+            let r = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|t| parse_record(&t));
+            (path, r)
+        })
+        .collect()
+}
+
+/// Every replication whose owner is alive (its Litestream may have died: status shows why).
+/// Records of owners that are gone, and what they left, are ended ([`end_orphan`]).
+pub fn live() -> Vec<Record> {
     let mut out = Vec::new();
-    for ent in dir.flatten() {
-        let path = ent.path();
-        if path.extension().and_then(|e| e.to_str()) != Some("replica") {
-            continue;
-        }
-        match std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|t| parse_record(&t))
-        {
-            // A record whose Litestream died is kept while its owner lives: status shows why.
+    for (path, r) in records() {
+        match r {
             Some(r) if alive(r.pid) => out.push(r),
             Some(r) => {
-                // Its owner was killed: nothing else will remove what it left.
-                for f in [&path, &r.config, &r.log] {
-                    let _ = std::fs::remove_file(f);
+                if let Err(e) = end_orphan(&path, &r) {
+                    tracing::warn!("{e}");
                 }
             }
             None => {
@@ -282,6 +288,52 @@ pub fn live() -> Vec<Record> {
     }
     out.sort_by_key(|r| r.pid);
     out
+}
+
+/// The replications whose owner was killed: each record, and what ending it did (true: an
+/// orphaned Litestream was still running and was ended).
+pub fn reap_orphans() -> Vec<(PathBuf, Record, Result<bool, String>)> {
+    records()
+        .into_iter()
+        .filter_map(|(path, r)| {
+            let r = r.filter(|r| !alive(r.pid))?;
+            let ended = end_orphan(&path, &r);
+            Some((path, r, ended))
+        })
+        .collect()
+}
+
+/// The owner of replication `r` is gone (killed: nothing else will clean up). Its Litestream,
+/// when it still runs, is ended (SIGTERM, SIGKILL after the stop wait) — only when its command
+/// line names this replication's own configuration file, so a reused pid is never signalled;
+/// then the record, the configuration and the log go. Ok(true) when a Litestream was ended.
+fn end_orphan(path: &Path, r: &Record) -> Result<bool, String> {
+    let pid = i32::try_from(r.litestream_pid).unwrap_or(0);
+    let ours = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmd| {
+        let config = r.config.as_os_str().as_encoded_bytes();
+        cmd.split(|b| *b == 0).any(|arg| arg == config)
+    });
+    let mut ended = false;
+    if pid > 0 && ours && crate::sys::ns::running(pid) {
+        let _ = crate::sys::ns::kill(pid, libc::SIGTERM);
+        let wait = Duration::from_millis(crate::knobs::get().replica_stop_wait_ms);
+        let deadline = Instant::now() + wait;
+        while crate::sys::ns::running(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if crate::sys::ns::running(pid) {
+            let _ = crate::sys::ns::kill(pid, libc::SIGKILL);
+        }
+        ended = true;
+    }
+    for f in [path, &r.config, &r.log] {
+        match std::fs::remove_file(f) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("{}: {e}", f.display())),
+        }
+    }
+    Ok(ended)
 }
 
 /// The live replication of `db`, if one runs (paths compared canonically).

@@ -817,3 +817,44 @@ fn stop_fg_anyway(mut c: Child) {
         let _ = c.wait();
     }
 }
+
+#[test]
+fn recover_ends_the_litestream_of_a_killed_owner() {
+    if !tools_or_skip("recover_ends_the_litestream_of_a_killed_owner") {
+        return;
+    }
+    let w = World::new(None);
+    let s3 = S3::start();
+    let url = s3.bucket("orphan", "db");
+    let db = w.base.join("a.db");
+    ok(&af(&w, &["init", db.to_str().unwrap()]));
+    let mut rep = replicate_fg(&w, &db, &url);
+    let (_, litestream) = replication(&w).expect("replicating");
+    let litestream = litestream as i32;
+    rep.kill().unwrap();
+    rep.wait().unwrap();
+    assert!(
+        agentfs::sys::ns::running(litestream),
+        "Litestream outlived its owner"
+    );
+    let v: Value = serde_json::from_str(&ok(&af(&w, &["recover", "--json"]))).unwrap();
+    let mine = |v: &Value| -> Vec<Value> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["kind"] == "orphaned_replication" && f["pid"] == litestream)
+            .cloned()
+            .collect()
+    };
+    let found = mine(&v);
+    assert_eq!(found.len(), 1, "{v}");
+    assert_eq!(found[0]["ok"], true, "{v}");
+    assert!(
+        found[0]["action"].as_str().unwrap().starts_with("ended"),
+        "{v}"
+    );
+    assert!(!agentfs::sys::ns::running(litestream));
+    let again: Value = serde_json::from_str(&ok(&af(&w, &["recover", "--json"]))).unwrap();
+    assert!(mine(&again).is_empty(), "{again}");
+    drop(s3);
+}

@@ -1,6 +1,7 @@
 //! `agentfs recover [--json]`: find and fix what a crash leaves behind, for the calling user.
-//! Safe to run any number of times; a second run finds nothing. It never signals a process and
-//! never touches a live sandbox, a server that runs, or another user's mount.
+//! Safe to run any number of times; a second run finds nothing. It never touches a live sandbox,
+//! a server that runs, or another user's mount, and signals one kind of process only: a
+//! Litestream whose owner was killed, recognised by its own configuration file.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -61,6 +62,7 @@ impl Finding {
 pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
     let mut found = dead_mounts();
     found.extend(stale_server_records());
+    found.extend(orphaned_replications());
     if let Ok(root) = project::root(knobs) {
         found.extend(projects(&root));
     }
@@ -131,6 +133,22 @@ fn stale_server_records() -> Vec<Finding> {
         .map(|(path, pid)| {
             let r = std::fs::remove_file(&path).map_err(|e| e.to_string());
             Finding::new("server_record", &path, pid).fixed("removed", r)
+        })
+        .collect()
+}
+
+/// Replications whose owner was killed: the Litestream it left running is ended, its record,
+/// configuration and log removed.
+fn orphaned_replications() -> Vec<Finding> {
+    crate::replica::reap_orphans()
+        .into_iter()
+        .map(|(path, r, ended)| {
+            let done = match ended {
+                Ok(true) => "ended the Litestream its killed owner left and removed the record",
+                _ => "removed the record",
+            };
+            Finding::new("orphaned_replication", &path, Some(r.litestream_pid))
+                .fixed(done, ended.map(|_| ()))
         })
         .collect()
 }
