@@ -453,7 +453,6 @@ const UNTESTED: &[&str] = &[
     "userns_denied: unshare(CLONE_NEWUSER) must fail where the preflight found it allowed",
     "project_missing: the project layer refuses a missing source first (source_missing)",
     "project_has_source: every caller attaches a source only to a project that has none",
-    "ambiguous_ref: two commits sharing a 4-digit prefix take hundreds of snapshots",
     "checkpoint_unavailable: the checkpoint watcher must be gone while its sandbox lives",
     "checkpoint_failed: the checkpoint watcher must fail a snapshot it was asked for",
     "bad_object: a store finding (gc --check), not an error",
@@ -586,4 +585,39 @@ fn damaged_store_codes() {
             detail,
         );
     }
+}
+
+/// A 4-digit prefix two commits share names neither: snapshots (through the library, each
+/// with its own message) until two commits share one, then the CLI is asked for it.
+#[test]
+fn ambiguous_ref() {
+    use agentfs::history::object::hex;
+    use agentfs::history::{History, Ignore, SnapOptions};
+    let w = World::new(None);
+    let src = w.source("proj");
+    assert!(w.af(&["init", "p", "--source", s(&src)]).status.success());
+    let dir = w.root().join("p");
+    let mut h = History::open(&dir.join("store")).unwrap();
+    let ignore = Ignore::default();
+    let mut seen = std::collections::HashSet::new();
+    let shared = (0..)
+        .find_map(|i| {
+            let message = i.to_string();
+            let r = h
+                .snapshot(
+                    &dir.join("delta.db"),
+                    &SnapOptions::manual(&message, &ignore),
+                )
+                .unwrap();
+            let prefix = hex(&r.commit.unwrap())[..4].to_string();
+            (!seen.insert(prefix.clone())).then_some(prefix)
+        })
+        .unwrap();
+    drop(h);
+    failed_with(
+        &w.af(&["--json", "restore", "p", &shared]),
+        2,
+        "usage",
+        "ambiguous_ref",
+    );
 }
