@@ -259,3 +259,365 @@ fn capacity_exhausted() {
     assert!(init.status.success());
     failed(&o, 1, "capacity_exhausted");
 }
+
+/// `o` failed with class `code` and fine code `detail`.
+fn failed_with(o: &Output, status: i32, code: &str, detail: &str) -> Value {
+    let e = failed(o, status, code);
+    assert_eq!(e["detail"], detail, "{e}");
+    e
+}
+
+/// Fine codes of projects, their configuration, their history and their databases.
+#[test]
+fn project_and_history_codes() {
+    let w = World::new(None);
+    let src = w.source("proj");
+    assert!(w.af(&["init", "p", "--source", s(&src)]).status.success());
+
+    let o = w
+        .command(&bin(), &["--json", "init", "q", "--source", s(&src)])
+        .env_remove("HOME")
+        .output()
+        .unwrap();
+    failed_with(&o, 2, "config_invalid", "no_home");
+
+    // A new project's history holds one snapshot: there is nothing before it.
+    failed_with(
+        &w.af(&["--json", "undo", "p"]),
+        2,
+        "not_found",
+        "nothing_to_undo",
+    );
+
+    // A file is no directory to overlay.
+    let file = src.join("README");
+    failed_with(
+        &w.af(&["--json", "init", "d", "--source", s(&file)]),
+        1,
+        "io",
+        "delta_create",
+    );
+
+    // An ignore pattern with a slash: refused by a snapshot and by a sandbox launch alike.
+    let config = w.root().join("p/config.toml");
+    let good = fs::read_to_string(&config).unwrap();
+    let bad = good.replacen("[project]\n", "[project]\nignore = [\"a/b\"]\n", 1);
+    assert_ne!(bad, good);
+    fs::write(&config, &bad).unwrap();
+    failed_with(
+        &w.af(&["--json", "snap", "p"]),
+        2,
+        "config_invalid",
+        "bad_ignore_pattern",
+    );
+    failed_with(
+        &w.af(&["--json", "run", "p", "--", "true"]),
+        125,
+        "config_invalid",
+        "bad_ignore_pattern",
+    );
+    fs::write(&config, &good).unwrap();
+
+    let o = w
+        .command(&bin(), &["--json", "run", "p", "--", "true"])
+        .env("AGENTFS_CHECKPOINT_FREEZE", "sometimes")
+        .output()
+        .unwrap();
+    failed_with(&o, 125, "config_invalid", "bad_knob");
+
+    // A configuration that cannot be read (a directory where the file belongs).
+    fs::remove_file(&config).unwrap();
+    fs::create_dir(&config).unwrap();
+    failed_with(
+        &w.af(&["--json", "snap", "p"]),
+        2,
+        "config_invalid",
+        "config_unreadable",
+    );
+    fs::remove_dir(&config).unwrap();
+    fs::write(&config, &good).unwrap();
+
+    // A database of a schema version newer than this agentfs knows.
+    let db = w.base.join("new.db");
+    assert!(w.af(&["init", s(&db)]).status.success());
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .pragma_update(None, "user_version", 6)
+        .unwrap();
+    failed_with(
+        &w.af(&["--json", "fs", s(&db), "ls", "/"]),
+        2,
+        "not_a_database",
+        "db_unknown_schema",
+    );
+
+    let url = format!("file://{}", s(&w.base.join("replica")));
+    failed_with(
+        &w.af(&["--json", "replicate", s(&w.base.join("nowhere.db")), &url]),
+        2,
+        "not_found",
+        "no_database",
+    );
+}
+
+/// A read-only mount refuses to replicate (before it mounts anything).
+#[test]
+fn replicate_readonly() {
+    let litestream = common::s3::venv().join("litestream");
+    if !litestream.exists() {
+        assert!(
+            !agentfs::knobs::get().require_litestream,
+            "AGENTFS_REQUIRE_LITESTREAM=1 but {} is missing (run validation/install-deps.sh)",
+            litestream.display()
+        );
+        eprintln!("SKIP replicate_readonly: no Litestream test environment");
+        return;
+    }
+    let w = World::new(None);
+    let db = w.base.join("a.db");
+    let mnt = w.base.join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    assert!(w.af(&["init", s(&db)]).status.success());
+    let url = format!("file://{}", s(&w.base.join("replica")));
+    let o = w
+        .command(
+            &bin(),
+            &[
+                "--json",
+                "mount",
+                s(&db),
+                s(&mnt),
+                "-o",
+                "ro",
+                "--replicate",
+                &url,
+            ],
+        )
+        .env("AGENTFS_LITESTREAM", &litestream)
+        .output()
+        .unwrap();
+    failed_with(&o, 2, "usage", "replicate_readonly");
+    assert!(!common::is_mounted(&mnt));
+}
+
+/// A launch that mounts its view and then cannot finish it, or cannot run the command: the
+/// sandbox refuses with exit 125 and leaves nothing mounted.
+fn launch_failures(user: Option<u32>) {
+    let w = World::new(user);
+    let src = w.source("proj");
+    let o = w.af(&["init", "p", "--source", s(&src)]);
+    assert!(o.status.success(), "{}", common::world::err(&o));
+    failed(
+        &w.af(&["--json", "run", "p", "--", "/nonexistent/command"]),
+        125,
+        "command_failed",
+    );
+    // A file bound over a directory.
+    let config = w.root().join("p/config.toml");
+    let good = fs::read_to_string(&config).unwrap();
+    let bind = format!(
+        "\n[sandbox]\nbinds = [\"{}:/tmp\"]\n",
+        s(&src.join("README"))
+    );
+    fs::write(&config, good.replacen("\n[sandbox]\n", &bind, 1)).unwrap();
+    failed_with(
+        &w.af(&["--json", "run", "p", "--", "true"]),
+        125,
+        "mount_failed",
+        "bind_failed",
+    );
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(s(&w.base)), "{mounts}");
+}
+
+#[test]
+fn launch_failures_as_root() {
+    if fuse_or_skip("launch_failures_as_root") {
+        launch_failures(None);
+    }
+}
+
+#[test]
+fn launch_failures_as_user() {
+    if fuse_or_skip("launch_failures_as_user") && user_can_run("launch_failures_as_user") {
+        launch_failures(Some(USER));
+    }
+}
+
+/// Codes no test triggers yet, each with the reason (a code listed here and named by a test
+/// fails [`every_code_is_triggered_by_a_test`]: take it off the list).
+const UNTESTED: &[&str] = &[
+    "policy_unenforceable: the kernel must refuse a remount of a path the view has just bound",
+    "bad_config: a configuration the launch read and its checkpoint watcher then cannot",
+    "server_failed: a sandbox's own FUSE server must fail during its launch",
+    "userns_denied: unshare(CLONE_NEWUSER) must fail where the preflight found it allowed",
+    "project_missing: the project layer refuses a missing source first (source_missing)",
+    "project_has_source: every caller attaches a source only to a project that has none",
+    "checkpoint_unavailable: the checkpoint watcher must be gone while its sandbox lives",
+    "checkpoint_failed: the checkpoint watcher must fail a snapshot it was asked for",
+    "bad_object: a store finding (gc --check), not an error",
+    "bad_link: a store finding (gc --check), not an error",
+    "missing_link: a store finding (gc --check), not an error",
+    "not_a_project: a replica whose delta is not an overlay delta",
+    "litestream_version: a Litestream other than 0.5",
+    "restore_damaged: a replica restored with a damaged history",
+    "litestream_failed: Litestream failing while it replicates",
+    "replica_behind: a replication pass that does not finish",
+];
+
+/// The text of the tests: tests/*.rs and src/'s unit tests (a `#[cfg(test)]` module to the end
+/// of its file, and files under a `tests` directory). src/errors.rs and src/cli/error.rs only
+/// format codes, which triggers none.
+fn test_texts() -> Vec<(std::path::PathBuf, String)> {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    walk(&root.join("tests"), &mut files);
+    walk(&root.join("src"), &mut files);
+    let skip = [root.join("src/errors.rs"), root.join("src/cli/error.rs")];
+    files
+        .into_iter()
+        .filter(|p| !skip.contains(p))
+        .filter_map(|p| {
+            let text = fs::read_to_string(&p).unwrap();
+            let unit = p.starts_with(root.join("tests"))
+                || p.components().any(|c| c.as_os_str() == "tests");
+            let text = if unit {
+                text
+            } else {
+                text.split_once("#[cfg(test)]")?.1.to_string()
+            };
+            Some((p, text))
+        })
+        .collect()
+}
+
+/// Every code of the closed table is triggered by some test (named as `"code"` in an
+/// assertion, or as `Code::Variant` in a unit test), or listed in [`UNTESTED`].
+#[test]
+fn every_code_is_triggered_by_a_test() {
+    let texts = test_texts();
+    let untested: Vec<&str> = UNTESTED
+        .iter()
+        .map(|u| u.split_once(':').map_or(*u, |(name, _)| name))
+        .collect();
+    for c in agentfs::errors::Code::ALL {
+        let name = c.as_str();
+        let variant = format!("Code::{c:?}");
+        let quoted = format!("\"{name}\"");
+        let named = texts
+            .iter()
+            .any(|(_, t)| t.contains(&quoted) || t.contains(&variant));
+        let listed = untested.contains(&name);
+        assert!(named || listed, "no test triggers {name}");
+        assert!(
+            !(named && listed),
+            "{name} is tested now: take it off UNTESTED"
+        );
+    }
+    for name in untested {
+        assert!(
+            agentfs::errors::Code::named(name).is_some(),
+            "UNTESTED names {name}, no code"
+        );
+    }
+}
+
+/// A damaged snapshot store: two snapshots of `/new` ("one", then "two"); restoring the first
+/// reads its tree and blob, which the save before the restore does not write again. Its tree
+/// given the second tree's body no longer matches its key; its blob deleted is missing.
+#[test]
+fn damaged_store_codes() {
+    let w = World::new(None);
+    let src = w.source("proj");
+    // The objects of HEAD's tree (HEAD's children are its parent commit and its tree).
+    let head_tree = "SELECT child FROM links WHERE parent = (SELECT hash FROM head)";
+    let swap = format!(
+        "UPDATE objects SET body = (SELECT body FROM objects WHERE kind = 2 AND hash IN \
+         ({head_tree})) WHERE kind = 2 AND hash NOT IN ({head_tree})"
+    );
+    let lose = format!(
+        "DELETE FROM objects WHERE kind = 1 AND hash NOT IN \
+         (SELECT child FROM links WHERE parent IN ({head_tree}))"
+    );
+    for (name, damage, detail) in [
+        ("swapped", swap, "corrupt_object"),
+        ("lost", lose, "missing_object"),
+    ] {
+        let o = w.af(&["init", name, "--source", s(&src)]);
+        assert!(o.status.success(), "{}", common::world::err(&o));
+        let dir = w.root().join(name);
+        for content in ["one\n", "two\n"] {
+            let mut c = w
+                .command(&bin(), &["fs", s(&dir.join("delta.db")), "write", "/new"])
+                .stdin(Stdio::piped())
+                .spawn()
+                .unwrap();
+            {
+                use std::io::Write as _;
+                c.stdin
+                    .take()
+                    .unwrap()
+                    .write_all(content.as_bytes())
+                    .unwrap();
+            }
+            assert!(c.wait().unwrap().success());
+            assert!(w.af(&["snap", name]).status.success());
+        }
+        let changed = rusqlite::Connection::open(dir.join("store/history.db"))
+            .unwrap()
+            .execute(&damage, [])
+            .unwrap();
+        assert_eq!(changed, 1, "{damage}");
+        failed_with(
+            &w.af(&["--json", "restore", name, "HEAD~1"]),
+            1,
+            "db_corrupt",
+            detail,
+        );
+    }
+}
+
+/// A 4-digit prefix two commits share names neither: snapshots (through the library, each
+/// with its own message) until two commits share one, then the CLI is asked for it.
+#[test]
+fn ambiguous_ref() {
+    use agentfs::history::object::hex;
+    use agentfs::history::{History, Ignore, SnapOptions};
+    let w = World::new(None);
+    let src = w.source("proj");
+    assert!(w.af(&["init", "p", "--source", s(&src)]).status.success());
+    let dir = w.root().join("p");
+    let mut h = History::open(&dir.join("store")).unwrap();
+    let ignore = Ignore::default();
+    let mut seen = std::collections::HashSet::new();
+    let shared = (0..)
+        .find_map(|i| {
+            let message = i.to_string();
+            let r = h
+                .snapshot(
+                    &dir.join("delta.db"),
+                    &SnapOptions::manual(&message, &ignore),
+                )
+                .unwrap();
+            let prefix = hex(&r.commit.unwrap())[..4].to_string();
+            (!seen.insert(prefix.clone())).then_some(prefix)
+        })
+        .unwrap();
+    drop(h);
+    failed_with(
+        &w.af(&["--json", "restore", "p", &shared]),
+        2,
+        "usage",
+        "ambiguous_ref",
+    );
+}

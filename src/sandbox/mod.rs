@@ -95,7 +95,12 @@ impl SandboxError {
             SandboxError::CommandFailed(_) => Code::CommandFailed,
             SandboxError::Server(_) => Code::ServerFailed,
             SandboxError::Io(_) => Code::Io,
-            SandboxError::Config(_) => Code::BadConfig,
+            // A configuration error carried as `CODE: MESSAGE` (`bad_knob`, `bad_ignore_pattern`)
+            // keeps its code.
+            SandboxError::Config(m) => m
+                .split_once(": ")
+                .and_then(|(name, _)| Code::named(name))
+                .unwrap_or(Code::BadConfig),
             SandboxError::FreezerUnavailable(_) => Code::FreezerUnavailable,
             SandboxError::Replication(e) => e.code,
         }
