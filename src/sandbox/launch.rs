@@ -285,9 +285,16 @@ fn supervise(
     let mut failure: Option<SandboxError> = None;
     let mut pid1 = 0;
     let done = Arc::new(AtomicBool::new(false));
+    let mut reset_seen = false;
     loop {
         let (msg, fd) = match ns::recv_msg(sup) {
             Ok(m) => m,
+            // A sandbox side that ends with a message of ours unread makes the kernel report
+            // ECONNRESET once, ahead of what it sent before ending (its refusal): read on.
+            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) && !reset_seen => {
+                reset_seen = true;
+                continue;
+            }
             Err(e) => {
                 failure.get_or_insert(io_err("sandbox socket", e));
                 break;

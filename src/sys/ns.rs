@@ -547,3 +547,24 @@ pub fn unblock_all() {
         libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fact the launch's message loop leans on: a peer that ends with a message unread
+    /// makes the next receive fail with ECONNRESET once, and what it sent before ending is
+    /// still there to read after that.
+    #[test]
+    fn a_reset_comes_once_ahead_of_the_last_message() {
+        use std::io::Write as _;
+        let (mut a, mut b) = seqpacket_pair().unwrap();
+        a.write_all(b"G").unwrap();
+        b.write_all(b"Erefused").unwrap();
+        drop(b);
+        let first = recv_msg(&a).err().and_then(|e| e.raw_os_error());
+        assert_eq!(first, Some(libc::ECONNRESET));
+        let got = recv_msg(&a).unwrap().0;
+        assert_eq!(got, b"Erefused");
+    }
+}
