@@ -9,7 +9,7 @@ use std::process::Output;
 
 use agentfs::history::db;
 use agentfs::history::object::{decode_commit, decode_tree, Hash, Target};
-use common::world::{err, launched, refused, user_can_run, World, USER};
+use common::world::{err, failed_with, launched, refused, user_can_run, World, USER};
 use serde_json::Value;
 
 /// Where the view shows the test binary (the build tree is not in the view).
@@ -462,35 +462,49 @@ fn an_ordinary_user_without_a_cgroup_gets_unfrozen_or_refused_runs() {
     assert_eq!(rec["frozen_checkpoints"], 0, "{rec}");
 }
 
-/// A live sandbox of `r`'s project that ran `first` and waits (at most 600 s) for the test's
-/// go; the gate directory is bound at /gate. Dropping the returned [`Go`] lets it end.
-fn live_sandbox(r: &Run, first: &str, env: &[(&str, &str)]) -> (std::process::Child, Go) {
+/// A shell function inside the sandbox: wait (at most 600 s) until the test makes /gate/NAME.
+const WAIT_FOR: &str = "wait_for() { i=0; while [ ! -e /gate/$1 ] && [ $i -lt 6000 ]; do \
+                        sleep 0.1; i=$((i+1)); done; }";
+
+/// A live sandbox of `r`'s project that ran `first` and waits for the test's go, then runs
+/// `then` (which may wait for more gates with `wait_for NAME`); the gate directory is bound at
+/// /gate. Dropping the returned [`Go`] lets it go on.
+fn live_sandbox(
+    r: &Run,
+    first: &str,
+    then: &str,
+    env: &[(&str, &str)],
+) -> (std::process::Child, Go) {
     let gate = r.w.base.join("gate");
+    // A fresh gate: an earlier sandbox's files would open it at once.
+    let _ = std::fs::remove_dir_all(&gate);
     std::fs::create_dir_all(&gate).unwrap();
     // Root's command runs as another id (docs/sandbox.md): the gate is open to it.
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&gate, std::fs::Permissions::from_mode(0o777)).unwrap();
     let bind = format!("{}:/gate", gate.display());
-    let script = format!(
-        "{first}; touch /gate/started; i=0; \
-         while [ ! -e /gate/go ] && [ $i -lt 6000 ]; do sleep 0.1; i=$((i+1)); done"
-    );
+    let script = format!("{WAIT_FOR}; {first}; touch /gate/started; wait_for go; {then}");
     let child = r
         .command(&["--bind", &bind], &script, env)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let go = Go(gate.join("go"));
+    await_gate(&gate.join("started"));
+    (child, Go(gate.join("go")))
+}
+
+/// Wait until the sandbox makes `file` (at most 120 s: then it never will).
+fn await_gate(file: &std::path::Path) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while !gate.join("started").exists() {
+    while !file.exists() {
         assert!(
             std::time::Instant::now() < deadline,
-            "the sandbox did not start"
+            "the sandbox did not make {}",
+            file.display()
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    (child, go)
 }
 
 /// The go file of [`live_sandbox`], also written when an assertion fails, so the sandbox never
@@ -511,7 +525,7 @@ impl Drop for Go {
 fn exec_that_cannot_join_the_sandboxs_cgroup_is_refused_or_says_so() {
     let Some(r) = Run::new() else { return };
     let quiet = [("AGENTFS_CHECKPOINT_IDLE_MS", "0")];
-    let (child, go) = live_sandbox(&r, "true", &quiet);
+    let (child, go) = live_sandbox(&r, "true", "", &quiet);
     let marker = r.w.root().join("p/live.json");
     let mut live: Value = serde_json::from_slice(&std::fs::read(&marker).unwrap()).unwrap();
     if live["cgroup"].is_null() {
@@ -550,7 +564,7 @@ fn restore_and_undo_refuse_while_the_sandbox_runs() {
     let quiet = [("AGENTFS_CHECKPOINT_IDLE_MS", "0")];
     launched(&r.run("echo one > f", &quiet));
     // The command writes, says it started, and waits for the test's go.
-    let (child, go) = live_sandbox(&r, "echo two > f", &quiet);
+    let (child, go) = live_sandbox(&r, "echo two > f", "", &quiet);
     let before = r.json(&["log", "p"]);
     for verb in [vec!["restore", "p", "HEAD"], vec!["undo", "p"]] {
         refused(&r.w.af(&verb), 4, "sandbox_live");
@@ -569,4 +583,55 @@ fn restore_and_undo_refuse_while_the_sandbox_runs() {
         .unwrap()
         .to_string();
     assert_eq!(r.file_at(&c, &head, "f").as_deref(), Some(&b"one\n"[..]));
+}
+
+/// `agentfs checkpoint` inside a live sandbox fails with a named error: its watcher out of
+/// reach (the request socket removed from the project's run/ directory) is
+/// `checkpoint_unavailable`; a watcher that cannot store the checkpoint (the history database
+/// held locked from outside beyond the busy timeout) answers `checkpoint_failed`. Exit 1 both.
+fn checkpoint_requests_that_fail(user: Option<u32>) {
+    let Some(r) = Run::as_user(user) else { return };
+    let quiet = [("AGENTFS_CHECKPOINT_IDLE_MS", "0")];
+    let ask = format!("exec {BIN_IN_VIEW} --json checkpoint");
+    let (child, go) = live_sandbox(&r, "true", &ask, &quiet);
+    std::fs::remove_file(r.w.root().join("p/run/checkpoint.sock")).unwrap();
+    drop(go);
+    let o = child.wait_with_output().unwrap();
+    failed_with(&o, 1, "io", "checkpoint_unavailable");
+
+    let busy = [
+        ("AGENTFS_CHECKPOINT_IDLE_MS", "0"),
+        ("AGENTFS_SQLITE_BUSY_TIMEOUT_MS", "100"),
+    ];
+    // The command asks, says so, and ends (with the request's status) once the lock is gone,
+    // so that its exit snapshot is stored.
+    let ask =
+        format!("{BIN_IN_VIEW} --json checkpoint; s=$?; touch /gate/asked; wait_for done; exit $s");
+    let (child, go) = live_sandbox(&r, "echo x > f", &ask, &busy);
+    let done = Go(r.w.base.join("gate/done"));
+    let lock = r.store();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    drop(go);
+    await_gate(&r.w.base.join("gate/asked"));
+    lock.execute_batch("ROLLBACK").unwrap();
+    drop(done);
+    let o = child.wait_with_output().unwrap();
+    failed_with(&o, 1, "server_failed", "checkpoint_failed");
+    // Only the request failed: the run's exit snapshot holds what the command wrote.
+    let log = r.json(&["log", "p"]);
+    assert_eq!(kinds(&log)[0], ("exit".into(), "exit 1".into()), "{log}");
+    assert!(checkpoints(&log).is_empty(), "{log}");
+    let c = r.store();
+    let head = log[0]["commit"].as_str().unwrap();
+    assert_eq!(r.file_at(&c, head, "f").as_deref(), Some(&b"x\n"[..]));
+}
+
+#[test]
+fn checkpoint_requests_that_fail_as_root() {
+    checkpoint_requests_that_fail(None);
+}
+
+#[test]
+fn checkpoint_requests_that_fail_as_user() {
+    checkpoint_requests_that_fail(Some(USER));
 }

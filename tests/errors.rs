@@ -7,34 +7,13 @@ mod fixtures;
 
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-use common::world::{user_can_run, World, USER};
+use common::world::{failed, failed_with, user_can_run, World, USER};
 use common::{agentfs, bin, fuse_or_skip, init_overlay, Mounted};
-use serde_json::Value;
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-/// The failure `o` reports: exit `status`, its last line on stderr one JSON object with class
-/// `code` (a notice such as "project made" may come before it).
-fn failed(o: &Output, status: i32, code: &str) -> Value {
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(status), "{err}");
-    let last = err.trim_end().lines().last().unwrap_or("");
-    let v: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {err}"));
-    assert_eq!(v.as_object().unwrap().len(), 1, "{err}");
-    let e = &v["error"];
-    assert_eq!(e["code"], code, "{err}");
-    assert!(
-        e["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "{err}"
-    );
-    assert!(e["detail"].is_null() || e["detail"].is_string(), "{err}");
-    assert!(e["path"].is_null() || e["path"].is_string(), "{err}");
-    assert_eq!(e.as_object().unwrap().len(), 4, "{err}");
-    e.clone()
 }
 
 fn scratch() -> tempfile::TempDir {
@@ -260,13 +239,6 @@ fn capacity_exhausted() {
     failed(&o, 1, "capacity_exhausted");
 }
 
-/// `o` failed with class `code` and fine code `detail`.
-fn failed_with(o: &Output, status: i32, code: &str, detail: &str) -> Value {
-    let e = failed(o, status, code);
-    assert_eq!(e["detail"], detail, "{e}");
-    e
-}
-
 /// Fine codes of projects, their configuration, their history and their databases.
 #[test]
 fn project_and_history_codes() {
@@ -449,12 +421,9 @@ fn launch_failures_as_user() {
 const UNTESTED: &[&str] = &[
     "policy_unenforceable: the kernel must refuse a remount of a path the view has just bound",
     "bad_config: a configuration the launch read and its checkpoint watcher then cannot",
-    "server_failed: a sandbox's own FUSE server must fail during its launch",
     "userns_denied: unshare(CLONE_NEWUSER) must fail where the preflight found it allowed",
     "project_missing: the project layer refuses a missing source first (source_missing)",
     "project_has_source: every caller attaches a source only to a project that has none",
-    "checkpoint_unavailable: the checkpoint watcher must be gone while its sandbox lives",
-    "checkpoint_failed: the checkpoint watcher must fail a snapshot it was asked for",
     "bad_object: a store finding (gc --check), not an error",
     "bad_link: a store finding (gc --check), not an error",
     "missing_link: a store finding (gc --check), not an error",
