@@ -84,7 +84,6 @@ codes! {
     UsernsDenied = "userns_denied", UnsupportedPlatform;
     DbBusy = "db_busy", Busy;
     NameTaken = "name_taken", Exists;
-    ProjectMissing = "project_missing", BaseMissing;
     SourceMissing = "source_missing", BaseMissing;
     BindFailed = "bind_failed", MountFailed;
     DeltaCreate = "delta_create", Io;
@@ -93,7 +92,6 @@ codes! {
     NoSource = "no_source", BaseMissing;
     SourceMismatch = "source_mismatch", ConfigInvalid;
     ProjectExists = "project_exists", Exists;
-    ProjectHasSource = "project_has_source", Exists;
     MountInsideSource = "mount_inside_source", MountPointConflict;
     UnknownRef = "unknown_ref", NotFound;
     NothingToUndo = "nothing_to_undo", NotFound;

@@ -290,6 +290,24 @@ fn project_and_history_codes() {
     );
     fs::write(&config, &good).unwrap();
 
+    // A configuration that is not TOML, and one with a key no section has.
+    for bad in ["[project\n", "[project]\nsauce = \"/x\"\n"] {
+        fs::write(&config, bad).unwrap();
+        failed_with(
+            &w.af(&["--json", "snap", "p"]),
+            2,
+            "config_invalid",
+            "bad_config",
+        );
+        failed_with(
+            &w.af(&["--json", "run", "p", "--", "true"]),
+            125,
+            "config_invalid",
+            "bad_config",
+        );
+    }
+    fs::write(&config, &good).unwrap();
+
     let o = w
         .command(&bin(), &["--json", "run", "p", "--", "true"])
         .env("AGENTFS_CHECKPOINT_FREEZE", "sometimes")
@@ -420,10 +438,7 @@ fn launch_failures_as_user() {
 /// fails [`every_code_is_triggered_by_a_test`]: take it off the list).
 const UNTESTED: &[&str] = &[
     "policy_unenforceable: the kernel must refuse a remount of a path the view has just bound",
-    "bad_config: a configuration the launch read and its checkpoint watcher then cannot",
     "userns_denied: unshare(CLONE_NEWUSER) must fail where the preflight found it allowed",
-    "project_missing: the project layer refuses a missing source first (source_missing)",
-    "project_has_source: every caller attaches a source only to a project that has none",
     "bad_object: a store finding (gc --check), not an error",
     "bad_link: a store finding (gc --check), not an error",
     "missing_link: a store finding (gc --check), not an error",

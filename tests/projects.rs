@@ -318,7 +318,7 @@ fn bad_config_and_defaults_are_named_one_line_errors() {
     let defaults = w.root().join("defaults.toml");
     fs::write(&defaults, "[home]\nmode = \"half\"\n").unwrap();
     let out = w.af(&["run", "svc", "--", "true"]);
-    refused(&out, 125, "config_invalid");
+    refused(&out, 125, "bad_config");
     assert!(
         err(&out).contains("defaults.toml line 2 (`mode = \"half\"`)"),
         "{}",
@@ -335,7 +335,7 @@ fn bad_config_and_defaults_are_named_one_line_errors() {
     text.push_str("\n[sandbox2]\nx = 1\n");
     fs::write(&config, &text).unwrap();
     let out = w.af(&["run", "svc", "--", "true"]);
-    refused(&out, 125, "config_invalid");
+    refused(&out, 125, "bad_config");
     assert!(err(&out).contains("config.toml line"), "{}", err(&out));
     // A source edited away from the delta's own base is refused, as is a damaged delta.
     let other = w.source("elsewhere");
@@ -357,7 +357,7 @@ fn bad_config_and_defaults_are_named_one_line_errors() {
     let out = w.af(&["status", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let e = v["projects"][0]["error"].as_str().unwrap();
-    assert!(e.starts_with("config_invalid: "), "{e}");
+    assert!(e.starts_with("bad_config: "), "{e}");
 }
 
 #[test]

@@ -107,7 +107,7 @@ impl From<crate::project::Error> for CliError {
 impl From<crate::sandbox::SandboxError> for CliError {
     fn from(e: crate::sandbox::SandboxError) -> Self {
         let path = match &e {
-            crate::sandbox::SandboxError::ProjectMissing(p) => Some(p.clone()),
+            crate::sandbox::SandboxError::SourceMissing(p) => Some(p.clone()),
             _ => None,
         };
         CliError {

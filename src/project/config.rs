@@ -210,7 +210,7 @@ pub fn parse<T: serde::de::DeserializeOwned>(file: &Path, text: &str) -> Result<
             format!(" line {line_no} (`{line}`)")
         });
         Error::new(
-            Code::ConfigInvalid,
+            Code::BadConfig,
             format!("{}{}: {message}", file.display(), place.unwrap_or_default()),
         )
     })
@@ -276,7 +276,7 @@ writable_roots = ["/srv/api/src"]
     fn errors_name_the_file_the_line_and_the_key() {
         let e = parse::<Settings>(Path::new("/d/defaults.toml"), "[home]\nmoed = \"full\"\n")
             .unwrap_err();
-        assert_eq!(e.code, Code::ConfigInvalid);
+        assert_eq!(e.code, Code::BadConfig);
         let m = e.to_string();
         assert!(
             m.contains("/d/defaults.toml line 2 (`moed = \"full\"`)"),

@@ -363,18 +363,10 @@ impl Project {
     }
 
     /// Give the project its source: the delta database is made over `cfg.base_path` (check it
-    /// with [`overlay::check_base`] against [`Project::db`]). One source per project.
+    /// with [`overlay::check_base`] against [`Project::db`]). One source per project: every
+    /// caller gives one to a project it found without one or has just made, and of two racing
+    /// for the same project the second finds the delta database made (`delta_create`).
     pub fn attach(&mut self, cfg: &OverlayConfig, opts: &InitOptions) -> Result<(), Error> {
-        if let Some(old) = self.source() {
-            return Err(Error::new(
-                Code::ProjectHasSource,
-                format!(
-                    "project {} already overlays {} (one source per project; make another with agentfs quick DIR --name NEW)",
-                    self.name,
-                    old.display()
-                ),
-            ));
-        }
         let db = self.db();
         overlay::create(&db, opts, cfg).map_err(|e| Error::new(Code::DeltaCreate, e))?;
         self.config.project.source = Some(cfg.base_path.clone());

@@ -34,7 +34,7 @@ pub enum SandboxError {
     #[error(
         "project directory {0} is missing: create it or point the project at an existing directory"
     )]
-    ProjectMissing(std::path::PathBuf),
+    SourceMissing(std::path::PathBuf),
     #[error("{0}")]
     DbCorrupt(String),
     #[error("{0}")]
@@ -85,7 +85,7 @@ impl SandboxError {
             SandboxError::UsernsApparmor(_) => Code::UsernsApparmor,
             SandboxError::UsernsDenied(_) => Code::UsernsDenied,
             SandboxError::FuseUnavailable(_) => Code::FuseUnavailable,
-            SandboxError::ProjectMissing(_) => Code::ProjectMissing,
+            SandboxError::SourceMissing(_) => Code::SourceMissing,
             SandboxError::DbCorrupt(_) => Code::DbCorrupt,
             SandboxError::DbOldSchema(_) => Code::DbOldSchema,
             SandboxError::DbBusy(_) => Code::DbBusy,

@@ -28,7 +28,7 @@ pub fn apparmor_profile(exe: &Path) -> String {
 /// Everything that can be known before launch.
 pub fn check(req: &SandboxRequest) -> Result<(), SandboxError> {
     if !req.source.is_dir() {
-        return Err(SandboxError::ProjectMissing(req.source.clone()));
+        return Err(SandboxError::SourceMissing(req.source.clone()));
     }
     if !req.db.is_file() {
         return Err(SandboxError::DbCorrupt(format!(
