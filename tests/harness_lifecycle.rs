@@ -366,18 +366,34 @@ fn recover_after_a_killed_sandbox(w: &World) {
 
         let found = recover(w);
         let mine = about(&found, s(&dir));
+        let last_run =
+            || json_out(&w.af(&["status", "crash", "--json"]))["projects"][0]["last_run"].clone();
         if victim == "supervisor" {
-            // Its marker stays behind, naming dead processes.
-            assert_eq!(mine.len(), 1, "{found:?}");
-            assert_eq!(mine[0]["kind"], "dead_sandbox");
-            assert_eq!(mine[0]["pid"], m["supervisor"]);
-            assert_eq!(mine[0]["ok"], true);
+            // Its run record stays unfinished and its marker behind, naming dead processes.
+            let kinds: Vec<&Value> = mine.iter().map(|f| &f["kind"]).collect();
+            assert_eq!(kinds, ["unfinished_run", "dead_sandbox"], "{found:?}");
+            for f in &mine {
+                assert_eq!(f["pid"], m["supervisor"], "{found:?}");
+                assert_eq!(f["ok"], true, "{found:?}");
+            }
+            let rec = last_run();
+            assert_eq!(rec["outcome"], "killed", "{rec}");
+            assert!(rec["exit_status"].is_null(), "{rec}");
         } else {
-            // The supervisor outlives pid 1 and cleans up after it.
+            // The supervisor outlives pid 1, finishes its record and cleans up after it.
             assert!(mine.is_empty(), "{found:?}");
+            let rec = last_run();
+            assert_eq!(rec["exit_status"], 128 + libc::SIGKILL, "{rec}");
+            assert!(rec.get("outcome").is_none(), "{rec}");
         }
+        let rec = last_run();
+        assert!(
+            rec["ended"].as_u64().unwrap() >= rec["started"].as_u64().unwrap(),
+            "{rec}"
+        );
         assert!(!dir.join("live.json").exists());
         assert!(about(&recover(w), s(&dir)).is_empty());
+        assert_eq!(last_run(), rec, "a second recovery changed the record");
         let out = w.af(&["integrity", s(&dir.join("delta.db"))]);
         assert!(
             out.status.success(),

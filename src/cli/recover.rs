@@ -174,6 +174,8 @@ fn projects(root: &Path) -> Vec<Finding> {
         let Ok(p) = Project::open(root, &name) else {
             continue;
         };
+        // The record first: a recovery killed in between finds the marker again.
+        out.extend(unfinished_runs(&p));
         out.extend(dead_sandbox(&p));
         out.extend(apply_copies(&p));
         out.extend(interrupted_apply(&p));
@@ -217,6 +219,24 @@ fn dead_sandbox(p: &Project) -> Option<Finding> {
         Finding::new("dead_sandbox", &path, u32::try_from(m.supervisor).ok())
             .fixed("removed the live marker", r),
     )
+}
+
+/// Run records a killed supervisor left unfinished: ended now, outcome `killed`.
+fn unfinished_runs(p: &Project) -> Vec<Finding> {
+    crate::sandbox::record::unfinished(&p.dir)
+        .into_iter()
+        .map(|mut rec| {
+            rec.ended = Some(crate::sandbox::record::now());
+            rec.outcome = Some("killed".into());
+            let r = rec.write(&p.dir).map_err(|e| e.to_string());
+            Finding::new(
+                "unfinished_run",
+                &rec.path(&p.dir),
+                u32::try_from(rec.supervisor).ok(),
+            )
+            .fixed("recorded its end (outcome killed)", r)
+        })
+        .collect()
 }
 
 /// Private copies `apply --from` made whose process is gone.

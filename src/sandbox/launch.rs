@@ -241,6 +241,7 @@ fn new_record(req: &SandboxRequest, plan: &[Op], ids: Ids) -> RunRecord {
         cwd: req.cwd.clone(),
         started: record::now(),
         ended: None,
+        outcome: None,
         exit_status: None,
         error: None,
         history: Default::default(),

@@ -64,6 +64,10 @@ pub struct RunRecord {
     pub exit_status: Option<i32>,
     /// The named error when the run did not start or its server failed.
     pub error: Option<String>,
+    /// How a run ended that could not finish its record itself: `killed` (its supervisor was
+    /// killed; `agentfs recover` wrote `ended`, the time it found the run gone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
     /// What the run did for the project's history.
     #[serde(default)]
     pub history: HistoryRecord,
@@ -170,10 +174,12 @@ impl RunRecord {
     }
 }
 
-/// The newest run record of the project, if any.
-pub fn latest_record(project_dir: &Path) -> Option<RunRecord> {
-    let mut names: Vec<(u64, i32, PathBuf)> = std::fs::read_dir(project_dir.join("runs"))
-        .ok()?
+/// The run records of the project, oldest first.
+fn record_files(project_dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(project_dir.join("runs")) else {
+        return Vec::new();
+    };
+    let mut names: Vec<(u64, i32, PathBuf)> = rd
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let p = e.path();
@@ -184,8 +190,26 @@ pub fn latest_record(project_dir: &Path) -> Option<RunRecord> {
         })
         .collect();
     names.sort();
-    let (_, _, p) = names.pop()?;
+    names.into_iter().map(|(_, _, p)| p).collect()
+}
+
+fn read_record(p: &Path) -> Option<RunRecord> {
     serde_json::from_slice(&std::fs::read(p).ok()?).ok()
+}
+
+/// The newest run record of the project, if any.
+pub fn latest_record(project_dir: &Path) -> Option<RunRecord> {
+    read_record(record_files(project_dir).last()?)
+}
+
+/// The project's run records that their run never finished (`ended` null) although its
+/// supervisor is gone: what a killed supervisor leaves.
+pub fn unfinished(project_dir: &Path) -> Vec<RunRecord> {
+    record_files(project_dir)
+        .iter()
+        .filter_map(|p| read_record(p))
+        .filter(|r| r.ended.is_none() && !crate::sys::ns::same_process(r.supervisor, r.started))
+        .collect()
 }
 
 pub fn marker_path(project_dir: &Path) -> PathBuf {
