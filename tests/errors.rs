@@ -9,7 +9,7 @@ use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::world::{failed, failed_with, user_can_run, World, USER};
+use common::world::{failed, failed_with, launched, user_can_run, World, USER};
 use common::{agentfs, bin, fuse_or_skip, init_overlay, Mounted};
 
 fn s(p: &Path) -> &str {
@@ -390,8 +390,9 @@ fn replicate_readonly() {
     assert!(!common::is_mounted(&mnt));
 }
 
-/// A launch that mounts its view and then cannot finish it, or cannot run the command: the
-/// sandbox refuses with exit 125 and leaves nothing mounted.
+/// A launch that mounts its view and then cannot finish it, cannot enforce its policy, cannot
+/// make its user namespace, or cannot run the command: the sandbox refuses with exit 125 and
+/// leaves nothing mounted.
 fn launch_failures(user: Option<u32>) {
     let w = World::new(user);
     let src = w.source("proj");
@@ -416,6 +417,57 @@ fn launch_failures(user: Option<u32>) {
         "mount_failed",
         "bind_failed",
     );
+    fs::write(&config, &good).unwrap();
+
+    // The sandbox as an ordinary user (uid 1000) of a user namespace nested in one of our own
+    // (`unshare -U -r`), as in a container: what that outer namespace's root decides binds
+    // the sandbox. Each launch would mark its run in /out.
+    let data = w.base.join("data");
+    let out = w.base.join("out");
+    for d in [&data, &out] {
+        fs::create_dir(d).unwrap();
+        w.own(d);
+    }
+    let nested = |outer: &str, run: &str| {
+        let script = format!(
+            "{outer} && exec unshare -U --map-user=1000 --map-group=1000 \"$0\" --json run p \
+             --bind \"$2:/out\" --writable-root /out {run} -- touch /out/ran"
+        );
+        w.cmd(
+            Path::new("unshare"),
+            &[
+                "-U",
+                "-r",
+                "-m",
+                "sh",
+                "-c",
+                &script,
+                s(&bin()),
+                s(&data),
+                s(&out),
+            ],
+        )
+    };
+    // A writable root whose source the outer root made read-only: the sandbox's namespace
+    // inherits that mount locked read-only, and the kernel refuses to make it writable.
+    let o = nested(
+        r#"mount --bind "$1" "$1" && mount -o remount,bind,ro "$1""#,
+        r#"--bind "$1:/data" --writable-root /data"#,
+    );
+    let e = failed(&o, 125, "policy_unenforceable");
+    assert!(e["message"].as_str().unwrap().contains("/data"), "{e}");
+    assert!(!out.join("ran").exists(), "the command ran");
+    // The outer root allows one user namespace below its own (the preflight reads the
+    // sandbox user's namespace, which allows them): the sandbox's is one too many.
+    let o = nested("echo 1 > /proc/sys/user/max_user_namespaces", "");
+    failed_with(&o, 125, "unsupported_platform", "userns_denied");
+    assert!(!out.join("ran").exists(), "the command ran");
+    // Both launches work without the outer root's limits.
+    launched(&nested(
+        "true",
+        r#"--bind "$1:/data" --writable-root /data"#,
+    ));
+    assert!(out.join("ran").exists(), "the command did not run");
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(s(&w.base)), "{mounts}");
 }
@@ -437,8 +489,6 @@ fn launch_failures_as_user() {
 /// Codes no test triggers yet, each with the reason (a code listed here and named by a test
 /// fails [`every_code_is_triggered_by_a_test`]: take it off the list).
 const UNTESTED: &[&str] = &[
-    "policy_unenforceable: the kernel must refuse a remount of a path the view has just bound",
-    "userns_denied: unshare(CLONE_NEWUSER) must fail where the preflight found it allowed",
     "bad_object: a store finding (gc --check), not an error",
     "bad_link: a store finding (gc --check), not an error",
     "missing_link: a store finding (gc --check), not an error",
