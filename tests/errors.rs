@@ -6,6 +6,7 @@ mod common;
 mod fixtures;
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -461,6 +462,18 @@ fn launch_failures(user: Option<u32>) {
     // sandbox user's namespace, which allows them): the sandbox's is one too many.
     let o = nested("echo 1 > /proc/sys/user/max_user_namespaces", "");
     failed_with(&o, 125, "unsupported_platform", "userns_denied");
+    assert!(!out.join("ran").exists(), "the command ran");
+    // A delta the server may not write (the sandbox's user has no capabilities in its own
+    // namespace, so root's world too): its server refuses to start, before the command.
+    let delta = w.root().join("p/delta.db");
+    fs::set_permissions(&delta, fs::Permissions::from_mode(0o444)).unwrap();
+    let o = nested("true", "");
+    fs::set_permissions(&delta, fs::Permissions::from_mode(0o644)).unwrap();
+    let e = failed(&o, 125, "server_failed");
+    assert!(
+        e["message"].as_str().unwrap().contains("not writable"),
+        "{e}"
+    );
     assert!(!out.join("ran").exists(), "the command ran");
     // Both launches work without the outer root's limits.
     launched(&nested(

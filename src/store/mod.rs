@@ -483,6 +483,18 @@ impl Store {
             None
         } else {
             let w = conn::Writer::open(path, namespace, failure.clone()).map_err(sqlite)?;
+            // SQLite opens a file it may not write read-only without a word; every write would
+            // then fail after the mount (or the sandbox's command) had started.
+            if w.conn().is_readonly(rusqlite::MAIN_DB).map_err(sqlite)? {
+                return Err(StoreError::Io {
+                    path: path.display().to_string(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        "not writable by this process (SQLite could only open it read-only); \
+                         give it write permission, or mount it with -o ro",
+                    ),
+                });
+            }
             schema::ensure_extensions(w.conn()).map_err(sqlite)?;
             let w = conn::WriterCell::new(w).map_err(|source| StoreError::Io {
                 path: path.display().to_string(),
