@@ -7,34 +7,14 @@ mod fixtures;
 
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-use common::world::{user_can_run, World, USER};
+use common::world::{failed, failed_with, user_can_run, World, USER};
 use common::{agentfs, bin, fuse_or_skip, init_overlay, Mounted};
 use serde_json::Value;
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-/// The failure `o` reports: exit `status`, its last line on stderr one JSON object with class
-/// `code` (a notice such as "project made" may come before it).
-fn failed(o: &Output, status: i32, code: &str) -> Value {
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(status), "{err}");
-    let last = err.trim_end().lines().last().unwrap_or("");
-    let v: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {err}"));
-    assert_eq!(v.as_object().unwrap().len(), 1, "{err}");
-    let e = &v["error"];
-    assert_eq!(e["code"], code, "{err}");
-    assert!(
-        e["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "{err}"
-    );
-    assert!(e["detail"].is_null() || e["detail"].is_string(), "{err}");
-    assert!(e["path"].is_null() || e["path"].is_string(), "{err}");
-    assert_eq!(e.as_object().unwrap().len(), 4, "{err}");
-    e.clone()
 }
 
 fn scratch() -> tempfile::TempDir {
@@ -260,13 +240,6 @@ fn capacity_exhausted() {
     failed(&o, 1, "capacity_exhausted");
 }
 
-/// `o` failed with class `code` and fine code `detail`.
-fn failed_with(o: &Output, status: i32, code: &str, detail: &str) -> Value {
-    let e = failed(o, status, code);
-    assert_eq!(e["detail"], detail, "{e}");
-    e
-}
-
 /// Fine codes of projects, their configuration, their history and their databases.
 #[test]
 fn project_and_history_codes() {
@@ -455,9 +428,6 @@ const UNTESTED: &[&str] = &[
     "project_has_source: every caller attaches a source only to a project that has none",
     "checkpoint_unavailable: the checkpoint watcher must be gone while its sandbox lives",
     "checkpoint_failed: the checkpoint watcher must fail a snapshot it was asked for",
-    "bad_object: a store finding (gc --check), not an error",
-    "bad_link: a store finding (gc --check), not an error",
-    "missing_link: a store finding (gc --check), not an error",
     "not_a_project: a replica whose delta is not an overlay delta",
     "litestream_version: a Litestream other than 0.5",
     "restore_damaged: a replica restored with a damaged history",
@@ -532,6 +502,51 @@ fn every_code_is_triggered_by_a_test() {
     }
 }
 
+/// Project `name` over `src`, with one snapshot of `/new` holding each of `contents` in turn.
+fn project_with_snapshots(
+    w: &World,
+    name: &str,
+    src: &Path,
+    contents: &[&str],
+) -> std::path::PathBuf {
+    let o = w.af(&["init", name, "--source", s(src)]);
+    assert!(o.status.success(), "{}", common::world::err(&o));
+    let dir = w.root().join(name);
+    for content in contents {
+        let mut c = w
+            .command(&bin(), &["fs", s(&dir.join("delta.db")), "write", "/new"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write as _;
+            c.stdin
+                .take()
+                .unwrap()
+                .write_all(content.as_bytes())
+                .unwrap();
+        }
+        assert!(c.wait().unwrap().success());
+        let o = w.af(&["snap", name]);
+        assert!(o.status.success(), "{}", common::world::err(&o));
+    }
+    dir
+}
+
+/// Run `sql` on the history database of the project at `dir` (as root; the files stay the
+/// world's user's); returns the rows it changed.
+fn damage_history(w: &World, dir: &Path, sql: &str) -> usize {
+    let store = dir.join("store");
+    let changed = rusqlite::Connection::open(store.join("history.db"))
+        .unwrap()
+        .execute(sql, [])
+        .unwrap();
+    for e in fs::read_dir(&store).unwrap() {
+        w.own(&e.unwrap().path());
+    }
+    changed
+}
+
 /// A damaged snapshot store: two snapshots of `/new` ("one", then "two"); restoring the first
 /// reads its tree and blob, which the save before the restore does not write again. Its tree
 /// given the second tree's body no longer matches its key; its blob deleted is missing.
@@ -553,37 +568,111 @@ fn damaged_store_codes() {
         ("swapped", swap, "corrupt_object"),
         ("lost", lose, "missing_object"),
     ] {
-        let o = w.af(&["init", name, "--source", s(&src)]);
-        assert!(o.status.success(), "{}", common::world::err(&o));
-        let dir = w.root().join(name);
-        for content in ["one\n", "two\n"] {
-            let mut c = w
-                .command(&bin(), &["fs", s(&dir.join("delta.db")), "write", "/new"])
-                .stdin(Stdio::piped())
-                .spawn()
-                .unwrap();
-            {
-                use std::io::Write as _;
-                c.stdin
-                    .take()
-                    .unwrap()
-                    .write_all(content.as_bytes())
-                    .unwrap();
-            }
-            assert!(c.wait().unwrap().success());
-            assert!(w.af(&["snap", name]).status.success());
-        }
-        let changed = rusqlite::Connection::open(dir.join("store/history.db"))
-            .unwrap()
-            .execute(&damage, [])
-            .unwrap();
-        assert_eq!(changed, 1, "{damage}");
+        let dir = project_with_snapshots(&w, name, &src, &["one\n", "two\n"]);
+        assert_eq!(damage_history(&w, &dir, &damage), 1, "{damage}");
         failed_with(
             &w.af(&["--json", "restore", name, "HEAD~1"]),
             1,
             "db_corrupt",
             detail,
         );
+    }
+}
+
+/// The codes of the findings `gc --check --json` (or `gc --json`'s `dangling`) lists, which
+/// exits 1; each finding is `{"code", "what"}`, and the text output gives one `CODE: WHAT`
+/// line per finding.
+fn findings(w: &World, name: &str, args: &[&str], key: &str) -> Vec<String> {
+    let mut all = vec!["gc", name];
+    all.extend_from_slice(args);
+    let text = w.af(&all);
+    assert_eq!(text.status.code(), Some(1), "{}", common::world::err(&text));
+    all.push("--json");
+    let o = w.af(&all);
+    assert_eq!(o.status.code(), Some(1), "{}", common::world::err(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let list = v[key].as_array().unwrap_or_else(|| panic!("{v}"));
+    let lines = String::from_utf8_lossy(&text.stdout).into_owned();
+    let lines: Vec<&str> = lines
+        .lines()
+        .filter(|l| !l.starts_with("would delete"))
+        .collect();
+    assert_eq!(lines.len(), list.len(), "{lines:?} {v}");
+    list.iter()
+        .zip(lines)
+        .map(|(f, line)| {
+            assert_eq!(f.as_object().unwrap().len(), 2, "{f}");
+            let code = f["code"].as_str().unwrap().to_string();
+            let what = f["what"].as_str().unwrap();
+            assert!(!what.is_empty(), "{f}");
+            assert_eq!(line, format!("{code}: {what}"));
+            code
+        })
+        .collect()
+}
+
+/// The history store's check names every finding: an object body cut short (`bad_object`, and
+/// a restore that reads it fails with it), a link row whose key is not a key (`bad_link`), a
+/// tree without the link to its blob (`missing_link`), a link to an object that is not stored
+/// (`missing_object`, which plain gc reports too).
+fn store_findings(user: Option<u32>) {
+    let w = World::new(user);
+    let src = w.source("proj");
+    for (name, damage, code) in [
+        (
+            "cut",
+            "UPDATE objects SET body = substr(body, 1, length(body) / 2) WHERE kind = 2",
+            "bad_object",
+        ),
+        (
+            "badlink",
+            "INSERT INTO links (parent, child) VALUES (x'0102', (SELECT hash FROM head))",
+            "bad_link",
+        ),
+        (
+            "unlinked",
+            "DELETE FROM links WHERE child IN (SELECT hash FROM objects WHERE kind = 1)",
+            "missing_link",
+        ),
+        (
+            "dangling",
+            "INSERT INTO links (parent, child) VALUES ((SELECT hash FROM head), zeroblob(32))",
+            "missing_object",
+        ),
+    ] {
+        let dir = project_with_snapshots(&w, name, &src, &["one\n"]);
+        let o = w.af(&["gc", name, "--check"]);
+        assert!(o.status.success(), "{}", common::world::err(&o));
+        assert_eq!(damage_history(&w, &dir, damage), 1, "{damage}");
+        assert_eq!(
+            findings(&w, name, &["--check"], "findings"),
+            [code],
+            "{name}"
+        );
+        if name == "dangling" {
+            assert_eq!(findings(&w, name, &["--dry-run"], "dangling"), [code]);
+        }
+        if name == "cut" {
+            // Restoring reads the tree: the named code, not `other`.
+            failed_with(
+                &w.af(&["--json", "restore", name, "HEAD"]),
+                1,
+                "db_corrupt",
+                "bad_object",
+            );
+        }
+    }
+}
+
+#[test]
+fn store_findings_as_root() {
+    store_findings(None);
+}
+
+#[test]
+fn store_findings_as_user() {
+    if user_can_run("store_findings_as_user") {
+        store_findings(Some(USER));
     }
 }
 

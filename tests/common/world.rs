@@ -100,6 +100,33 @@ pub fn refused(o: &Output, status: i32, code: &str) {
     assert_eq!(e.trim_end().lines().count(), 1, "{e}");
 }
 
+/// The failure `o` reports: exit `status`, its last line on stderr one JSON object with class
+/// `code` (a notice such as "project made" may come before it).
+pub fn failed(o: &Output, status: i32, code: &str) -> serde_json::Value {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(status), "{err}");
+    let last = err.trim_end().lines().last().unwrap_or("");
+    let v: serde_json::Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {err}"));
+    assert_eq!(v.as_object().unwrap().len(), 1, "{err}");
+    let e = &v["error"];
+    assert_eq!(e["code"], code, "{err}");
+    assert!(
+        e["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{err}"
+    );
+    assert!(e["detail"].is_null() || e["detail"].is_string(), "{err}");
+    assert!(e["path"].is_null() || e["path"].is_string(), "{err}");
+    assert_eq!(e.as_object().unwrap().len(), 4, "{err}");
+    e.clone()
+}
+
+/// `o` failed with class `code` and fine code `detail`.
+pub fn failed_with(o: &Output, status: i32, code: &str, detail: &str) -> serde_json::Value {
+    let e = failed(o, status, code);
+    assert_eq!(e["detail"], detail, "{e}");
+    e
+}
+
 /// A launch ran its command, which exited 0.
 pub fn launched(o: &Output) {
     assert!(o.status.success(), "status {:?}: {}", o.status, err(o));
