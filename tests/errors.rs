@@ -428,11 +428,6 @@ const UNTESTED: &[&str] = &[
     "project_has_source: every caller attaches a source only to a project that has none",
     "checkpoint_unavailable: the checkpoint watcher must be gone while its sandbox lives",
     "checkpoint_failed: the checkpoint watcher must fail a snapshot it was asked for",
-    "not_a_project: a replica whose delta is not an overlay delta",
-    "litestream_version: a Litestream other than 0.5",
-    "restore_damaged: a replica restored with a damaged history",
-    "litestream_failed: Litestream failing while it replicates",
-    "replica_behind: a replication pass that does not finish",
 ];
 
 /// The text of the tests: tests/*.rs and src/'s unit tests (a `#[cfg(test)]` module to the end
