@@ -1154,3 +1154,48 @@ fn a_sandbox_whose_last_pass_cannot_finish_says_so_as_a_user() {
         sandbox_replica_behind(Some(USER));
     }
 }
+
+/// A replicated mount whose S3 server is gone before it is unmounted: the database is final,
+/// the last pass is not, and `umount` says so (`replica_behind`, exit 1) instead of success.
+fn unmount_replica_behind(user: Option<u32>) {
+    let w = World::new(user);
+    let mut s3 = S3::start();
+    let url = s3.bucket("mount-behind", "proj");
+    let mnt = project(&w, "p");
+    ok(&s3::apply(&mut w.command(
+        &common::bin(),
+        &["mount", "p", mnt.to_str().unwrap(), "--replicate", &url],
+    ))
+    .env("AGENTFS_REPLICA_STOP_WAIT_MS", "1000")
+    .output()
+    .unwrap());
+    let _guard = common::UnmountOnDrop(mnt.clone());
+    let _ = s3.child.kill();
+    let _ = s3.child.wait();
+    let write = format!("echo late > '{}/late'", mnt.display());
+    ok(&w.cmd(Path::new("/bin/sh"), &["-c", &write]));
+    let e = failed_with(
+        &af(&w, &["--json", "umount", mnt.to_str().unwrap()]),
+        1,
+        "io",
+        "replica_behind",
+    );
+    assert!(e["message"].as_str().unwrap().contains("unmounted"), "{e}");
+    assert!(!common::is_mounted(&mnt));
+    assert!(replication(&w).is_none());
+}
+
+#[test]
+fn an_unmount_whose_last_pass_cannot_finish_says_so_as_root() {
+    if tools_or_skip("an_unmount_whose_last_pass_cannot_finish_says_so_as_root") {
+        unmount_replica_behind(None);
+    }
+}
+
+#[test]
+fn an_unmount_whose_last_pass_cannot_finish_says_so_as_a_user() {
+    let test = "an_unmount_whose_last_pass_cannot_finish_says_so_as_a_user";
+    if tools_or_skip(test) && common::world::user_can_run(test) {
+        unmount_replica_behind(Some(USER));
+    }
+}
