@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 
 use common::world::{failed, failed_with, launched, user_can_run, World, USER};
 use common::{agentfs, bin, fuse_or_skip, init_overlay, Mounted};
+use serde_json::Value;
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -501,16 +502,7 @@ fn launch_failures_as_user() {
 
 /// Codes no test triggers yet, each with the reason (a code listed here and named by a test
 /// fails [`every_code_is_triggered_by_a_test`]: take it off the list).
-const UNTESTED: &[&str] = &[
-    "bad_object: a store finding (gc --check), not an error",
-    "bad_link: a store finding (gc --check), not an error",
-    "missing_link: a store finding (gc --check), not an error",
-    "not_a_project: a replica whose delta is not an overlay delta",
-    "litestream_version: a Litestream other than 0.5",
-    "restore_damaged: a replica restored with a damaged history",
-    "litestream_failed: Litestream failing while it replicates",
-    "replica_behind: a replication pass that does not finish",
-];
+const UNTESTED: &[&str] = &[];
 
 /// The text of the tests: tests/*.rs and src/'s unit tests (a `#[cfg(test)]` module to the end
 /// of its file, and files under a `tests` directory). src/errors.rs and src/cli/error.rs only
@@ -579,6 +571,51 @@ fn every_code_is_triggered_by_a_test() {
     }
 }
 
+/// Project `name` over `src`, with one snapshot of `/new` holding each of `contents` in turn.
+fn project_with_snapshots(
+    w: &World,
+    name: &str,
+    src: &Path,
+    contents: &[&str],
+) -> std::path::PathBuf {
+    let o = w.af(&["init", name, "--source", s(src)]);
+    assert!(o.status.success(), "{}", common::world::err(&o));
+    let dir = w.root().join(name);
+    for content in contents {
+        let mut c = w
+            .command(&bin(), &["fs", s(&dir.join("delta.db")), "write", "/new"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write as _;
+            c.stdin
+                .take()
+                .unwrap()
+                .write_all(content.as_bytes())
+                .unwrap();
+        }
+        assert!(c.wait().unwrap().success());
+        let o = w.af(&["snap", name]);
+        assert!(o.status.success(), "{}", common::world::err(&o));
+    }
+    dir
+}
+
+/// Run `sql` on the history database of the project at `dir` (as root; the files stay the
+/// world's user's); returns the rows it changed.
+fn damage_history(w: &World, dir: &Path, sql: &str) -> usize {
+    let store = dir.join("store");
+    let changed = rusqlite::Connection::open(store.join("history.db"))
+        .unwrap()
+        .execute(sql, [])
+        .unwrap();
+    for e in fs::read_dir(&store).unwrap() {
+        w.own(&e.unwrap().path());
+    }
+    changed
+}
+
 /// A damaged snapshot store: two snapshots of `/new` ("one", then "two"); restoring the first
 /// reads its tree and blob, which the save before the restore does not write again. Its tree
 /// given the second tree's body no longer matches its key; its blob deleted is missing.
@@ -600,37 +637,111 @@ fn damaged_store_codes() {
         ("swapped", swap, "corrupt_object"),
         ("lost", lose, "missing_object"),
     ] {
-        let o = w.af(&["init", name, "--source", s(&src)]);
-        assert!(o.status.success(), "{}", common::world::err(&o));
-        let dir = w.root().join(name);
-        for content in ["one\n", "two\n"] {
-            let mut c = w
-                .command(&bin(), &["fs", s(&dir.join("delta.db")), "write", "/new"])
-                .stdin(Stdio::piped())
-                .spawn()
-                .unwrap();
-            {
-                use std::io::Write as _;
-                c.stdin
-                    .take()
-                    .unwrap()
-                    .write_all(content.as_bytes())
-                    .unwrap();
-            }
-            assert!(c.wait().unwrap().success());
-            assert!(w.af(&["snap", name]).status.success());
-        }
-        let changed = rusqlite::Connection::open(dir.join("store/history.db"))
-            .unwrap()
-            .execute(&damage, [])
-            .unwrap();
-        assert_eq!(changed, 1, "{damage}");
+        let dir = project_with_snapshots(&w, name, &src, &["one\n", "two\n"]);
+        assert_eq!(damage_history(&w, &dir, &damage), 1, "{damage}");
         failed_with(
             &w.af(&["--json", "restore", name, "HEAD~1"]),
             1,
             "db_corrupt",
             detail,
         );
+    }
+}
+
+/// The codes of the findings `gc --check --json` (or `gc --json`'s `dangling`) lists, which
+/// exits 1; each finding is `{"code", "what"}`, and the text output gives one `CODE: WHAT`
+/// line per finding.
+fn findings(w: &World, name: &str, args: &[&str], key: &str) -> Vec<String> {
+    let mut all = vec!["gc", name];
+    all.extend_from_slice(args);
+    let text = w.af(&all);
+    assert_eq!(text.status.code(), Some(1), "{}", common::world::err(&text));
+    all.push("--json");
+    let o = w.af(&all);
+    assert_eq!(o.status.code(), Some(1), "{}", common::world::err(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let list = v[key].as_array().unwrap_or_else(|| panic!("{v}"));
+    let lines = String::from_utf8_lossy(&text.stdout).into_owned();
+    let lines: Vec<&str> = lines
+        .lines()
+        .filter(|l| !l.starts_with("would delete"))
+        .collect();
+    assert_eq!(lines.len(), list.len(), "{lines:?} {v}");
+    list.iter()
+        .zip(lines)
+        .map(|(f, line)| {
+            assert_eq!(f.as_object().unwrap().len(), 2, "{f}");
+            let code = f["code"].as_str().unwrap().to_string();
+            let what = f["what"].as_str().unwrap();
+            assert!(!what.is_empty(), "{f}");
+            assert_eq!(line, format!("{code}: {what}"));
+            code
+        })
+        .collect()
+}
+
+/// The history store's check names every finding: an object body cut short (`bad_object`, and
+/// a restore that reads it fails with it), a link row whose key is not a key (`bad_link`), a
+/// tree without the link to its blob (`missing_link`), a link to an object that is not stored
+/// (`missing_object`, which plain gc reports too).
+fn store_findings(user: Option<u32>) {
+    let w = World::new(user);
+    let src = w.source("proj");
+    for (name, damage, code) in [
+        (
+            "cut",
+            "UPDATE objects SET body = substr(body, 1, length(body) / 2) WHERE kind = 2",
+            "bad_object",
+        ),
+        (
+            "badlink",
+            "INSERT INTO links (parent, child) VALUES (x'0102', (SELECT hash FROM head))",
+            "bad_link",
+        ),
+        (
+            "unlinked",
+            "DELETE FROM links WHERE child IN (SELECT hash FROM objects WHERE kind = 1)",
+            "missing_link",
+        ),
+        (
+            "dangling",
+            "INSERT INTO links (parent, child) VALUES ((SELECT hash FROM head), zeroblob(32))",
+            "missing_object",
+        ),
+    ] {
+        let dir = project_with_snapshots(&w, name, &src, &["one\n"]);
+        let o = w.af(&["gc", name, "--check"]);
+        assert!(o.status.success(), "{}", common::world::err(&o));
+        assert_eq!(damage_history(&w, &dir, damage), 1, "{damage}");
+        assert_eq!(
+            findings(&w, name, &["--check"], "findings"),
+            [code],
+            "{name}"
+        );
+        if name == "dangling" {
+            assert_eq!(findings(&w, name, &["--dry-run"], "dangling"), [code]);
+        }
+        if name == "cut" {
+            // Restoring reads the tree: the named code, not `other`.
+            failed_with(
+                &w.af(&["--json", "restore", name, "HEAD"]),
+                1,
+                "db_corrupt",
+                "bad_object",
+            );
+        }
+    }
+}
+
+#[test]
+fn store_findings_as_root() {
+    store_findings(None);
+}
+
+#[test]
+fn store_findings_as_user() {
+    if user_can_run("store_findings_as_user") {
+        store_findings(Some(USER));
     }
 }
 

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::s3::{self, S3};
-use common::world::{err, refused, World, USER};
+use common::world::{err, failed_with, refused, World, USER};
 use serde_json::Value;
 
 /// Every bounded wait of this file: generous, a loaded machine never reaches it.
@@ -276,20 +276,22 @@ fn a_lost_machine_is_restored_up_to_a_confirmed_barrier_as_a_user() {
     kill_and_restore(Some(USER));
 }
 
-/// `agentfs replicate` of a database in the foreground, ended by SIGTERM.
+/// `agentfs replicate` of a database in the foreground (errors as JSON), ended by SIGTERM.
 fn replicate_fg(w: &World, db: &Path, url: &str) -> Child {
     replicate_fg_with(w, db, url, &[])
 }
 
 /// [`replicate_fg`] with knobs set for the replication.
 fn replicate_fg_with(w: &World, db: &Path, url: &str, env: &[(&str, &str)]) -> Child {
-    let mut c =
-        s3::apply(&mut w.command(&common::bin(), &["replicate", db.to_str().unwrap(), url]))
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+    let mut c = s3::apply(&mut w.command(
+        &common::bin(),
+        &["--json", "replicate", db.to_str().unwrap(), url],
+    ))
+    .envs(env.iter().copied())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     let deadline = Instant::now() + PATIENCE;
     while replication(w).is_none() {
         assert!(c.try_wait().unwrap().is_none(), "replicate ended early");
@@ -857,4 +859,343 @@ fn recover_ends_the_litestream_of_a_killed_owner() {
     let again: Value = serde_json::from_str(&ok(&af(&w, &["recover", "--json"]))).unwrap();
     assert!(mine(&again).is_empty(), "{again}");
     drop(s3);
+}
+
+/// An executable `litestream` in `dir` that answers every question with `v0.3.13`.
+fn old_litestream(w: &World, dir: &Path) -> PathBuf {
+    fs::create_dir_all(dir).unwrap();
+    let bin = dir.join("litestream");
+    fs::write(&bin, "#!/bin/sh\necho v0.3.13\n").unwrap();
+    fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    w.own(dir);
+    bin
+}
+
+/// A Litestream of another release line (0.3, a scripted stand-in that reports v0.3.13) is
+/// refused, named by AGENTFS_LITESTREAM or found on PATH: `replicate` exits 3, a sandbox
+/// launch 125 before its command runs.
+fn litestream_version(user: Option<u32>) {
+    let w = World::new(user);
+    let src = w.source("p-src");
+    ok(&w.af(&["init", "p", "--base", src.to_str().unwrap()]));
+    let db = w.base.join("a.db");
+    ok(&w.af(&["init", db.to_str().unwrap()]));
+    w.own(&db);
+    let dir = w.base.join("old");
+    let bin = old_litestream(&w, &dir);
+    let url = format!("file://{}", w.base.join("replica").display());
+    let marker = w.base.join("marker");
+    let touch = format!("touch {}", marker.display());
+    let path = format!("{}:/usr/bin:/bin", dir.display());
+    let named = |args: &[&str]| {
+        let mut c = w.command(&common::bin(), args);
+        c.env("AGENTFS_LITESTREAM", &bin);
+        c
+    };
+    let on_path = |args: &[&str]| {
+        let mut c = w.command(&common::bin(), args);
+        c.env_remove("AGENTFS_LITESTREAM").env("PATH", &path);
+        c
+    };
+    for mut cmd in [
+        named(&["--json", "replicate", db.to_str().unwrap(), &url]),
+        on_path(&["--json", "replicate", db.to_str().unwrap(), &url]),
+    ] {
+        let e = failed_with(
+            &cmd.output().unwrap(),
+            3,
+            "unsupported_platform",
+            "litestream_version",
+        );
+        assert!(e["message"].as_str().unwrap().contains("v0.3.13"), "{e}");
+    }
+    if common::fuse_or_skip("litestream_version (sandbox)") {
+        let run = [
+            "--json",
+            "run",
+            "p",
+            "--replicate",
+            url.as_str(),
+            "--",
+            "sh",
+            "-c",
+            touch.as_str(),
+        ];
+        for mut cmd in [named(&run), on_path(&run)] {
+            failed_with(
+                &cmd.output().unwrap(),
+                125,
+                "unsupported_platform",
+                "litestream_version",
+            );
+            assert!(!marker.exists(), "the command ran unreplicated");
+        }
+    }
+}
+
+#[test]
+fn another_litestream_release_is_refused_as_root() {
+    litestream_version(None);
+}
+
+#[test]
+fn another_litestream_release_is_refused_as_a_user() {
+    if common::world::user_can_run("another_litestream_release_is_refused_as_a_user") {
+        litestream_version(Some(USER));
+    }
+}
+
+/// Replicate `db` to `url` in the foreground and stop: the replica then holds all of it.
+fn replicate_once(w: &World, db: &Path, url: &str) {
+    stop_fg(replicate_fg(w, db, url));
+}
+
+/// What restore-replica refuses to make a project of: a database replicated on its own (no
+/// overlay delta: `not_a_project`), and a project whose history was damaged before it was
+/// replicated (`restore_damaged`). Neither leaves the project behind.
+#[test]
+fn restore_refuses_what_is_no_sound_project() {
+    if !tools_or_skip("restore_refuses_what_is_no_sound_project") {
+        return;
+    }
+    let w = World::new(None);
+    let replicas = w.base.join("replicas");
+    let plain = w.base.join("plain.db");
+    ok(&af(&w, &["init", plain.to_str().unwrap()]));
+    fs_write(&w, &plain, "/f", "plain\n");
+    // Where a project's delta goes, under the URL restored as a project below.
+    let url = format!("file://{}", replicas.join("plain").display());
+    replicate_once(&w, &plain, &format!("{url}/delta"));
+    failed_with(
+        &af(&w, &["--json", "restore-replica", &url, "q"]),
+        2,
+        "not_found",
+        "not_a_project",
+    );
+    assert!(!w.root().join("q").exists());
+
+    let src = w.source("p-src");
+    ok(&af(&w, &["init", "p", "--base", src.to_str().unwrap()]));
+    let delta = w.root().join("p/delta.db");
+    fs_write(&w, &delta, "/new", "one\n");
+    ok(&af(&w, &["snap", "p"]));
+    let changed = rusqlite::Connection::open(w.root().join("p/store/history.db"))
+        .unwrap()
+        .execute(
+            "UPDATE objects SET body = substr(body, 1, length(body) / 2) WHERE kind = 2",
+            [],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    let url = format!("file://{}", replicas.join("p").display());
+    replicate_once(&w, &delta, &url);
+    let e = failed_with(
+        &af(
+            &w,
+            &[
+                "--json",
+                "restore-replica",
+                &url,
+                "r",
+                "--source",
+                src.to_str().unwrap(),
+            ],
+        ),
+        1,
+        "db_corrupt",
+        "restore_damaged",
+    );
+    assert!(e["message"].as_str().unwrap().contains("bad_object"), "{e}");
+    assert!(!w.root().join("r").exists());
+}
+
+/// Litestream killed while it replicates: `replicate` ends with `litestream_failed` (exit 1)
+/// and no replication stays listed.
+#[test]
+fn litestream_ending_while_it_replicates_fails_replicate() {
+    if !tools_or_skip("litestream_ending_while_it_replicates_fails_replicate") {
+        return;
+    }
+    let w = World::new(None);
+    let db = w.base.join("a.db");
+    ok(&af(&w, &["init", db.to_str().unwrap()]));
+    let url = format!("file://{}", w.base.join("replica").display());
+    let mut rep = replicate_fg(&w, &db, &url);
+    let (_, litestream) = replication(&w).expect("replicating");
+    kill(litestream);
+    let st = common::wait_timeout(&mut rep, PATIENCE);
+    if st.is_none() {
+        let _ = rep.kill();
+    }
+    let o = rep.wait_with_output().unwrap();
+    assert!(st.is_some(), "replicate outlived its Litestream");
+    let e = failed_with(&o, 1, "command_failed", "litestream_failed");
+    assert!(
+        e["message"].as_str().unwrap().contains("Litestream exited"),
+        "{e}"
+    );
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("up to date"));
+    assert!(replication(&w).is_none());
+}
+
+/// The S3 server gone before `replicate` is stopped: its last pass cannot finish, and it ends
+/// with `replica_behind` (exit 1), never "up to date".
+#[test]
+fn a_last_pass_that_cannot_finish_fails_replicate() {
+    if !tools_or_skip("a_last_pass_that_cannot_finish_fails_replicate") {
+        return;
+    }
+    let w = World::new(None);
+    let mut s3 = S3::start();
+    let url = s3.bucket("behind", "db");
+    let db = w.base.join("a.db");
+    ok(&af(&w, &["init", db.to_str().unwrap()]));
+    let mut rep = replicate_fg_with(&w, &db, &url, &[("AGENTFS_REPLICA_STOP_WAIT_MS", "1000")]);
+    let _ = s3.child.kill();
+    let _ = s3.child.wait();
+    fs_write(&w, &db, "/late", "late\n");
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(rep.id() as i32, libc::SIGTERM) };
+    let st = common::wait_timeout(&mut rep, PATIENCE);
+    if st.is_none() {
+        let _ = rep.kill();
+    }
+    let o = rep.wait_with_output().unwrap();
+    assert!(st.is_some(), "replicate did not end");
+    failed_with(&o, 1, "io", "replica_behind");
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("up to date"));
+}
+
+/// A replicated sandbox whose S3 server is gone before its command ends: `run` still exits
+/// with the command's status, says `replica_behind` on standard error, and its run record (and
+/// `status --json`'s last run) records the failed last pass instead of `caught up`.
+fn sandbox_replica_behind(user: Option<u32>) {
+    let w = World::new(user);
+    let mut s3 = S3::start();
+    let url = s3.bucket("sandbox-behind", "proj");
+    let src = w.source("p-src");
+    ok(&af(&w, &["init", "p", "--base", src.to_str().unwrap()]));
+    let ctl = w.base.join("ctl");
+    fs::create_dir(&ctl).unwrap();
+    fs::set_permissions(&ctl, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let script = format!(
+        "while [ ! -e {0}/go ]; do sleep 0.1; done; echo late > late; exit 3",
+        ctl.display()
+    );
+    let mut run = s3::apply(&mut w.command(
+        &common::bin(),
+        &[
+            "--json",
+            "run",
+            "p",
+            "--replicate",
+            &url,
+            "--bind",
+            ctl.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ))
+    .env("AGENTFS_REPLICA_STOP_WAIT_MS", "1000")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let _release = ReleaseOnDrop(ctl.join("go"));
+    let deadline = Instant::now() + PATIENCE;
+    while !sandbox_live(&w, "p") {
+        assert!(run.try_wait().unwrap().is_none(), "run ended early");
+        assert!(Instant::now() < deadline, "the sandbox never went live");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = s3.child.kill();
+    let _ = s3.child.wait();
+    fs::write(ctl.join("go"), b"").unwrap();
+    let st = common::wait_timeout(&mut run, PATIENCE);
+    if st.is_none() {
+        let _ = run.kill();
+    }
+    let o = run.wait_with_output().unwrap();
+    assert_eq!(st.expect("run ended").code(), Some(3), "{}", err(&o));
+    assert!(err(&o).contains("agentfs: replica_behind: "), "{}", err(&o));
+    let ended = |rec: &Value| {
+        rec["replication"]["ended"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let rec = last_run(&w, "p");
+    assert_eq!(rec["exit_status"], 3);
+    assert!(ended(&rec).starts_with("replica_behind: "), "{rec:#}");
+    let v: Value = serde_json::from_str(&ok(&af(&w, &["status", "--json"]))).unwrap();
+    let p = v["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "p")
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(ended(&p["last_run"]), ended(&rec), "{v:#}");
+    assert!(replication(&w).is_none());
+}
+
+#[test]
+fn a_sandbox_whose_last_pass_cannot_finish_says_so_as_root() {
+    if tools_or_skip("a_sandbox_whose_last_pass_cannot_finish_says_so_as_root") {
+        sandbox_replica_behind(None);
+    }
+}
+
+#[test]
+fn a_sandbox_whose_last_pass_cannot_finish_says_so_as_a_user() {
+    let test = "a_sandbox_whose_last_pass_cannot_finish_says_so_as_a_user";
+    if tools_or_skip(test) && common::world::user_can_run(test) {
+        sandbox_replica_behind(Some(USER));
+    }
+}
+
+/// A replicated mount whose S3 server is gone before it is unmounted: the database is final,
+/// the last pass is not, and `umount` says so (`replica_behind`, exit 1) instead of success.
+fn unmount_replica_behind(user: Option<u32>) {
+    let w = World::new(user);
+    let mut s3 = S3::start();
+    let url = s3.bucket("mount-behind", "proj");
+    let mnt = project(&w, "p");
+    ok(&s3::apply(&mut w.command(
+        &common::bin(),
+        &["mount", "p", mnt.to_str().unwrap(), "--replicate", &url],
+    ))
+    .env("AGENTFS_REPLICA_STOP_WAIT_MS", "1000")
+    .output()
+    .unwrap());
+    let _guard = common::UnmountOnDrop(mnt.clone());
+    let _ = s3.child.kill();
+    let _ = s3.child.wait();
+    let write = format!("echo late > '{}/late'", mnt.display());
+    ok(&w.cmd(Path::new("/bin/sh"), &["-c", &write]));
+    let e = failed_with(
+        &af(&w, &["--json", "umount", mnt.to_str().unwrap()]),
+        1,
+        "io",
+        "replica_behind",
+    );
+    assert!(e["message"].as_str().unwrap().contains("unmounted"), "{e}");
+    assert!(!common::is_mounted(&mnt));
+    assert!(replication(&w).is_none());
+}
+
+#[test]
+fn an_unmount_whose_last_pass_cannot_finish_says_so_as_root() {
+    if tools_or_skip("an_unmount_whose_last_pass_cannot_finish_says_so_as_root") {
+        unmount_replica_behind(None);
+    }
+}
+
+#[test]
+fn an_unmount_whose_last_pass_cannot_finish_says_so_as_a_user() {
+    let test = "an_unmount_whose_last_pass_cannot_finish_says_so_as_a_user";
+    if tools_or_skip(test) && common::world::user_can_run(test) {
+        unmount_replica_behind(Some(USER));
+    }
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use serde_json::json;
 
 use super::say;
+use crate::history::db::Finding;
 use crate::history::object::hex;
 use crate::history::{CommitInfo, History, Ignore, RestoreReport, SnapOptions};
 use crate::project::Project;
@@ -328,6 +329,11 @@ pub fn undo(a: NameArgs) -> super::CliResult {
     restored(&r, a.json, "undone")
 }
 
+/// A finding of the store's check as JSON: its code and what it concerns.
+fn finding_json(f: &Finding) -> serde_json::Value {
+    json!({"code": f.code.as_str(), "what": f.what})
+}
+
 /// `agentfs gc NAME [--dry-run | --check]`.
 pub fn gc(a: GcArgs) -> super::CliResult {
     let dir = project(&a.name)?.dir;
@@ -335,7 +341,9 @@ pub fn gc(a: GcArgs) -> super::CliResult {
     if a.check {
         let findings = h.check()?;
         if a.json {
-            print_json(&json!({ "findings": findings }))?;
+            print_json(
+                &json!({ "findings": findings.iter().map(finding_json).collect::<Vec<_>>() }),
+            )?;
         } else if findings.is_empty() {
             say(format_args!("{}: sound", h.db_path().display()));
         } else {
@@ -356,7 +364,7 @@ pub fn gc(a: GcArgs) -> super::CliResult {
                 "kind": u.kind,
                 "stored": u.stored,
             })).collect::<Vec<_>>(),
-            "dangling": r.dangling,
+            "dangling": r.dangling.iter().map(finding_json).collect::<Vec<_>>(),
         }))?;
     } else {
         let verb = if a.dry_run { "would delete" } else { "deleted" };

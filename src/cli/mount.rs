@@ -292,6 +292,14 @@ fn run_child(
     if let Some(r) = rep {
         if let Err(e) = r.stop() {
             tracing::error!("{e}");
+            // The server left "ok" for `agentfs umount`, which waits for this process: a
+            // replica left behind replaces it (a failed server's own outcome stays).
+            if served.is_ok() {
+                let msg = e.to_string();
+                if let Err(e) = crate::sys::registry::record_exit(std::process::id(), Some(&msg)) {
+                    tracing::warn!("cannot leave the outcome for agentfs umount: {e}");
+                }
+            }
         }
     }
     match served {

@@ -136,12 +136,14 @@ fn restore_project(
     let store_dir = p.dir.join(project::HISTORY);
     std::fs::create_dir_all(&store_dir).map_err(|e| format!("{}: {e}", store_dir.display()))?;
     replica::restore(&url.child("delta"), &p.db(), ts, knobs).map_err(e)?;
-    let history = store_dir.join(crate::history::db::DB_NAME);
-    replica::restore(&url.child("history"), &history, ts, knobs).map_err(e)?;
+    // A database replicated on its own is no project's delta: said before its history is
+    // looked for.
     let recorded = Store::open(&p.db(), true)
         .map_err(|e| e.to_string())?
         .overlay_config()?
         .ok_or_else(|| format!("not_a_project: {url}/delta is not an overlay delta"))?;
+    let history = store_dir.join(crate::history::db::DB_NAME);
+    replica::restore(&url.child("history"), &history, ts, knobs).map_err(e)?;
     let source = match source {
         Some(dir) => {
             let base = crate::store::overlay::check_base(&p.db(), dir)?;

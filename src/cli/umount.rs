@@ -131,15 +131,24 @@ pub fn run(a: Args) -> super::CliResult {
         Some(Ok(())) => Ok(0),
         // --force aborts the connection: whatever the server reports, the user was warned.
         _ if a.force => Ok(0),
-        Some(Err(what)) => Err(CliError::new(
-            Code::ServerFailed,
-            format!(
-                "unmounted {}, but server pid {}: {what}{log}",
-                mnt.display(),
-                rec.pid
-            ),
-        )
-        .at(&mnt)),
+        Some(Err(what)) => {
+            // The server's own failure, or (its database final) a last replication pass that
+            // did not finish.
+            let behind = format!("{}: ", Code::ReplicaBehind);
+            let (code, what) = match what.strip_prefix(&behind) {
+                Some(rest) => (Code::ReplicaBehind, rest),
+                None => (Code::ServerFailed, what.as_str()),
+            };
+            Err(CliError::new(
+                code,
+                format!(
+                    "unmounted {}, but server pid {}: {what}{log}",
+                    mnt.display(),
+                    rec.pid
+                ),
+            )
+            .at(&mnt))
+        }
         None => Err(CliError::new(
             Code::ServerFailed,
             format!(

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
 use super::object::{children_of, decode_commit, hex, Hash, ObjKind};
+use crate::errors::Code;
 
 /// The file name of the history database inside a store directory.
 pub const DB_NAME: &str = "history.db";
@@ -63,8 +64,9 @@ pub struct Db {
     path: PathBuf,
 }
 
+/// An SQLite error of the database at `path`, named by its code (`CODE: PATH: ERROR`).
 fn e(path: &Path) -> impl Fn(rusqlite::Error) -> String + '_ {
-    move |err| format!("{}: {err}", path.display())
+    move |err| format!("{}: {}: {err}", Code::of_sqlite(&err), path.display())
 }
 
 /// One object gc would delete (or deleted).
@@ -212,21 +214,68 @@ pub fn put(
     Ok((h, added))
 }
 
-/// The raw bytes of object `h` and its kind, checked against the key.
+/// One finding of the store's check, or why an object cannot be read: a code of the closed
+/// set (`bad_object`, `corrupt_object`, `missing_object`, `bad_link`, `missing_link`, or the
+/// SQLite error's own) and what it concerns. Shown as `CODE: WHAT`, which is how a command
+/// failing on it names its code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    pub code: Code,
+    pub what: String,
+}
+
+impl Finding {
+    fn new(code: Code, what: impl Into<String>) -> Finding {
+        Finding {
+            code,
+            what: what.into(),
+        }
+    }
+
+    fn sqlite(what: &str, err: &rusqlite::Error) -> Finding {
+        Finding::new(Code::of_sqlite(err), format!("{what}: {err}"))
+    }
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.what)
+    }
+}
+
+/// The raw bytes of object `h` and its kind, checked against the key (the error is a
+/// [`Finding`] as text: `CODE: WHAT`).
 pub fn get(c: &Connection, h: &Hash) -> Result<(ObjKind, Vec<u8>), String> {
+    read(c, h).map_err(|f| f.to_string())
+}
+
+/// [`get`], failing with the finding.
+fn read(c: &Connection, h: &Hash) -> Result<(ObjKind, Vec<u8>), Finding> {
     let row: Option<(i64, i64, Vec<u8>)> = c
         .prepare_cached("SELECT kind, size, body FROM objects WHERE hash = ?1")
         .and_then(|mut st| {
             st.query_row([&h[..]], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                 .optional()
         })
-        .map_err(|err| format!("object {}: {err}", hex(h)))?;
-    let (kind, size, body) = row.ok_or_else(|| format!("missing_object: {}", hex(h)))?;
-    let kind = ObjKind::from_i64(kind).ok_or_else(|| format!("object {}: bad kind", hex(h)))?;
-    let raw = zstd::bulk::decompress(&body, size.max(0) as usize)
-        .map_err(|err| format!("object {}: {err}", hex(h)))?;
+        .map_err(|err| Finding::sqlite(&format!("object {}", hex(h)), &err))?;
+    let (kind, size, body) = row.ok_or_else(|| Finding::new(Code::MissingObject, hex(h)))?;
+    let kind = ObjKind::from_i64(kind)
+        .ok_or_else(|| Finding::new(Code::BadObject, format!("{}: unknown kind {kind}", hex(h))))?;
+    let raw = zstd::bulk::decompress(&body, size.max(0) as usize).map_err(|err| {
+        Finding::new(
+            Code::BadObject,
+            format!(
+                "{} {}: its body does not decompress: {err}",
+                kind.name(),
+                hex(h)
+            ),
+        )
+    })?;
     if super::object::hash_of(&raw) != *h || raw.len() as i64 != size {
-        return Err(format!("corrupt_object: {} does not match its key", hex(h)));
+        return Err(Finding::new(
+            Code::CorruptObject,
+            format!("{} does not match its key", hex(h)),
+        ));
     }
     Ok((kind, raw))
 }
@@ -375,8 +424,9 @@ pub fn delete(c: &Connection, gone: &[Unreachable]) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// References to objects that are not stored: links, tags, HEAD and cache rows.
-pub fn dangling(c: &Connection) -> rusqlite::Result<Vec<String>> {
+/// References to objects that are not stored (`missing_object`): links, tags, HEAD and cache
+/// rows.
+pub fn dangling(c: &Connection) -> rusqlite::Result<Vec<Finding>> {
     let mut out = Vec::new();
     let queries = [
         (
@@ -401,16 +451,21 @@ pub fn dangling(c: &Connection) -> rusqlite::Result<Vec<String>> {
         let mut st = c.prepare(sql)?;
         let it = st.query_map([], |r| r.get::<_, String>(0))?;
         for row in it {
-            out.push(format!("dangling {what}: {}", row?.to_lowercase()));
+            out.push(Finding::new(
+                Code::MissingObject,
+                format!("dangling {what}: {}", row?.to_lowercase()),
+            ));
         }
     }
     Ok(out)
 }
 
-/// The store's own integrity check: SQLite's, every object against its key, every object's
-/// links against its decoded references, and no dangling reference. One line per finding.
-pub fn check(c: &Connection) -> Result<Vec<String>, String> {
-    let sqle = |err: rusqlite::Error| format!("check: {err}");
+/// The store's own integrity check: SQLite's (`db_corrupt`), every object against its key
+/// (`bad_object`, `corrupt_object`), every object's links against its decoded references
+/// (`bad_object`, `missing_link`), every link's keys (`bad_link`), and no dangling reference
+/// (`missing_object`). An error is a store that could not be read at all (`CODE: WHAT`).
+pub fn check(c: &Connection) -> Result<Vec<Finding>, String> {
+    let sqle = |err: rusqlite::Error| Finding::sqlite("check", &err).to_string();
     let mut out = Vec::new();
     {
         let mut st = c.prepare("PRAGMA integrity_check").map_err(sqle)?;
@@ -418,7 +473,7 @@ pub fn check(c: &Connection) -> Result<Vec<String>, String> {
         for row in it {
             let line = row.map_err(sqle)?;
             if line != "ok" {
-                out.push(format!("sqlite_integrity: {line}"));
+                out.push(Finding::new(Code::DbCorrupt, format!("sqlite: {line}")));
             }
         }
     }
@@ -432,11 +487,15 @@ pub fn check(c: &Connection) -> Result<Vec<String>, String> {
             .map_err(sqle)?;
         for row in it {
             let (p, ch) = row.map_err(sqle)?;
+            let shown = format!("{} -> {}", hex(&p), hex(&ch));
             match (Hash::try_from(p), Hash::try_from(ch)) {
                 (Ok(p), Ok(ch)) => {
                     links.entry(p).or_default().insert(ch);
                 }
-                _ => out.push("bad_link: a key is not 32 bytes".into()),
+                _ => out.push(Finding::new(
+                    Code::BadLink,
+                    format!("{shown}: a key is not 32 bytes"),
+                )),
             }
         }
     }
@@ -446,14 +505,18 @@ pub fn check(c: &Connection) -> Result<Vec<String>, String> {
         it.collect::<rusqlite::Result<_>>().map_err(sqle)?
     };
     for h in hashes {
+        let shown = hex(&h);
         let Ok(h) = Hash::try_from(h) else {
-            out.push("bad_object: a key is not 32 bytes".into());
+            out.push(Finding::new(
+                Code::BadObject,
+                format!("{shown}: its key is not 32 bytes"),
+            ));
             continue;
         };
-        let (kind, raw) = match get(c, &h) {
+        let (kind, raw) = match read(c, &h) {
             Ok(x) => x,
-            Err(m) => {
-                out.push(m);
+            Err(f) => {
+                out.push(f);
                 continue;
             }
         };
@@ -468,11 +531,17 @@ pub fn check(c: &Connection) -> Result<Vec<String>, String> {
                 let have = links.get(&h);
                 for ch in children {
                     if !have.is_some_and(|s| s.contains(&ch)) {
-                        out.push(format!("missing_link: {} -> {}", hex(&h), hex(&ch)));
+                        out.push(Finding::new(
+                            Code::MissingLink,
+                            format!("{} -> {}", hex(&h), hex(&ch)),
+                        ));
                     }
                 }
             }
-            Err(m) => out.push(format!("bad_object: {} {}: {m}", kind.name(), hex(&h))),
+            Err(m) => out.push(Finding::new(
+                Code::BadObject,
+                format!("{} {}: {m}", kind.name(), hex(&h)),
+            )),
         }
     }
     out.extend(dangling(c).map_err(sqle)?);

@@ -120,7 +120,7 @@ pub struct GcReport {
     pub objects: Vec<Unreachable>,
     pub bytes: u64,
     /// References to missing objects after the run (an empty list for a sound store).
-    pub dangling: Vec<String>,
+    pub dangling: Vec<db::Finding>,
 }
 
 /// The history of one delta.
@@ -163,8 +163,14 @@ pub fn check_tag(name: &str) -> Result<(), String> {
 
 fn load_commit(c: &Connection, h: &Hash) -> Result<Commit, String> {
     match db::get(c, h)? {
-        (ObjKind::Commit, raw) => decode_commit(&raw),
-        (k, _) => Err(format!("{} is a {}, not a commit", hex(h), k.name())),
+        (ObjKind::Commit, raw) => {
+            decode_commit(&raw).map_err(|e| format!("bad_object: commit {}: {e}", hex(h)))
+        }
+        (k, _) => Err(format!(
+            "bad_object: {} is a {}, not a commit",
+            hex(h),
+            k.name()
+        )),
     }
 }
 
@@ -181,14 +187,14 @@ fn load_state(c: &Connection, h: &Hash) -> Result<State, String> {
 
 fn load_tree(c: &Connection, h: &Hash) -> Result<Vec<Entry>, String> {
     let (_, raw) = db::get(c, h)?;
-    decode_tree(&raw).map_err(|e| format!("tree {}: {e}", hex(h)))
+    decode_tree(&raw).map_err(|e| format!("bad_object: tree {}: {e}", hex(h)))
 }
 
 fn load_whiteouts(c: &Connection, h: &Option<Hash>) -> Result<Vec<Vec<u8>>, String> {
     match h {
         Some(h) => {
             let (_, raw) = db::get(c, h)?;
-            decode_whiteouts(&raw).map_err(|e| format!("whiteouts {}: {e}", hex(h)))
+            decode_whiteouts(&raw).map_err(|e| format!("bad_object: whiteouts {}: {e}", hex(h)))
         }
         None => Ok(Vec::new()),
     }
@@ -851,8 +857,8 @@ impl History {
         })
     }
 
-    /// The store's integrity check: one line per finding, empty when sound.
-    pub fn check(&mut self) -> Result<Vec<String>, String> {
+    /// The store's integrity check: its findings, none when sound.
+    pub fn check(&mut self) -> Result<Vec<db::Finding>, String> {
         self.db.read(db::check)
     }
 

@@ -10,8 +10,8 @@ pub fn hash_of(raw: &[u8]) -> Hash {
     *blake3::hash(raw).as_bytes()
 }
 
-/// Lowercase hex of a hash.
-pub fn hex(h: &Hash) -> String {
+/// Lowercase hex of a hash (or of any key as stored, which may not be 32 bytes).
+pub fn hex(h: &[u8]) -> String {
     h.iter().map(|b| format!("{b:02x}")).collect()
 }
 
