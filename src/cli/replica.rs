@@ -52,10 +52,11 @@ pub fn target_db(
 pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
     let url = ReplicaUrl::parse(&a.url)?;
     let db = target_db(&a.target, a.project, knobs)?;
-    let mut rep = replica::start(&db, &url, knobs)?;
-    // Litestream runs with the default signal mask; from here on a shutdown signal reaches
-    // only the thread that waits for it.
+    // Blocked before the replication is started (and can be seen): a shutdown signal sent as
+    // soon as it shows waits for the thread below instead of killing us with Litestream
+    // running. Litestream itself starts with an empty mask (the spawn resets it).
     crate::sys::signals::block_shutdown_signals();
+    let mut rep = replica::start(&db, &url, knobs)?;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(crate::sys::signals::wait_shutdown_signal());
