@@ -123,6 +123,7 @@ codes! {
     LitestreamFailed = "litestream_failed", CommandFailed;
     ReplicaBehind = "replica_behind", Io;
     ReplicateMismatch = "replicate_mismatch", SandboxLive;
+    UpperFailed = "upper_failed", ServerFailed;
 }
 
 impl Code {

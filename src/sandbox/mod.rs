@@ -15,6 +15,7 @@ pub mod policy;
 pub mod preflight;
 pub mod record;
 pub mod request;
+mod upperdir;
 mod view;
 
 pub use launch::{exec, run};
@@ -67,6 +68,10 @@ pub enum SandboxError {
     /// `replicating`, `replicate_mismatch`, ...): nothing was run.
     #[error("{}", .0.message)]
     Replication(crate::project::Error),
+    /// The overlayfs backend could not export the delta into its upper directory or import
+    /// that directory back (the directory then stays for the next launch or `agentfs recover`).
+    #[error("{0}")]
+    Upper(String),
     #[error("no cgroup can be made to freeze the sandbox for checkpoints ({0}); AGENTFS_CHECKPOINT_FREEZE=auto runs with unfrozen checkpoints, =off never freezes")]
     FreezerUnavailable(String),
 }
@@ -102,6 +107,7 @@ impl SandboxError {
                 .and_then(|(name, _)| Code::named(name))
                 .unwrap_or(Code::BadConfig),
             SandboxError::FreezerUnavailable(_) => Code::FreezerUnavailable,
+            SandboxError::Upper(_) => Code::UpperFailed,
             SandboxError::Replication(e) => e.code,
         }
     }

@@ -139,6 +139,7 @@ impl RunRecord {
                 path: o.path().to_path_buf(),
                 source: match o {
                     Op::RoBind { src, .. } | Op::Bind { src, .. } => Some(src.clone()),
+                    Op::Overlayfs { upper, .. } => Some(upper.clone()),
                     _ => None,
                 },
                 mode: match o {
