@@ -39,6 +39,7 @@ fn request(root: &Path, command: &[&str]) -> SandboxRequest {
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         replicate: None,
         backend: Default::default(),
+        backend_reason: String::new(),
     }
 }
 

@@ -124,6 +124,8 @@ codes! {
     ReplicaBehind = "replica_behind", Io;
     ReplicateMismatch = "replicate_mismatch", SandboxLive;
     UpperFailed = "upper_failed", ServerFailed;
+    NoMountBackend = "no_mount_backend", UnsupportedPlatform;
+    BackendMismatch = "backend_mismatch", ConfigInvalid;
 }
 
 impl Code {

@@ -463,6 +463,7 @@ const UNTESTED: &[&str] = &[
     "restore_damaged: a replica restored with a damaged history",
     "litestream_failed: Litestream failing while it replicates",
     "replica_behind: a replication pass that does not finish",
+    "no_mount_backend: both a FUSE and an overlayfs mount must fail in a user namespace",
 ];
 
 /// The text of the tests: tests/*.rs and src/'s unit tests (a `#[cfg(test)]` module to the end

@@ -90,6 +90,7 @@ impl Spec {
                 "overlayfs" => MountBackend::Overlayfs,
                 _ => MountBackend::Fuse,
             },
+            backend_reason: String::new(),
         }
     }
 }

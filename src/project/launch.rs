@@ -307,6 +307,7 @@ pub fn request(
         env,
         replicate: None,
         backend: Default::default(),
+        backend_reason: String::new(),
     })
 }
 

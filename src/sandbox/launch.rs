@@ -245,6 +245,7 @@ fn new_record(req: &SandboxRequest, plan: &[Op], ids: Ids) -> RunRecord {
         uid_host: ids.uid,
         gid_host: ids.gid,
         backend: req.backend.as_str().into(),
+        backend_reason: req.backend_reason.clone(),
         command: req
             .command
             .iter()

@@ -13,6 +13,7 @@ mod launch;
 pub mod plan;
 pub mod policy;
 pub mod preflight;
+pub mod probe;
 pub mod record;
 pub mod request;
 mod upperdir;
@@ -72,6 +73,9 @@ pub enum SandboxError {
     /// that directory back (the directory then stays for the next launch or `agentfs recover`).
     #[error("{0}")]
     Upper(String),
+    /// `--mount-backend auto` found no backend: both attempts' failures.
+    #[error("no mount backend works here ({0}): give this user /dev/fuse (`chmod 0666 /dev/fuse`; in a container --device /dev/fuse --cap-add SYS_ADMIN) or a kernel with overlayfs in user namespaces (5.11 or later)")]
+    NoMountBackend(String),
     #[error("no cgroup can be made to freeze the sandbox for checkpoints ({0}); AGENTFS_CHECKPOINT_FREEZE=auto runs with unfrozen checkpoints, =off never freezes")]
     FreezerUnavailable(String),
 }
@@ -108,6 +112,7 @@ impl SandboxError {
                 .unwrap_or(Code::BadConfig),
             SandboxError::FreezerUnavailable(_) => Code::FreezerUnavailable,
             SandboxError::Upper(_) => Code::UpperFailed,
+            SandboxError::NoMountBackend(_) => Code::NoMountBackend,
             SandboxError::Replication(e) => e.code,
         }
     }

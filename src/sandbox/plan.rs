@@ -390,6 +390,7 @@ mod tests {
             env: vec![],
             replicate: None,
             backend: MountBackend::Fuse,
+            backend_reason: String::new(),
         }
     }
 

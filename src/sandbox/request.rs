@@ -46,6 +46,9 @@ pub struct SandboxRequest {
     pub replicate: Option<crate::replica::ReplicaUrl>,
     /// What serves the project at its real path (docs/sandbox.md, Mount backends).
     pub backend: MountBackend,
+    /// Why that backend (recorded in the run record): the project's config.toml, the flag,
+    /// or what `auto` tried.
+    pub backend_reason: String,
 }
 
 /// What serves the project's view inside the sandbox.
