@@ -357,7 +357,16 @@ fn supervise(
                     cgroup: history.cgroup_path(),
                     replicate: req.replicate.as_ref().map(ToString::to_string),
                 };
-                history.start(pid1, server_store.clone());
+                let import = (req.backend == MountBackend::Overlayfs).then(|| {
+                    let (store, source, dir) = (
+                        server_store.clone(),
+                        req.source.clone(),
+                        req.project_dir.clone(),
+                    );
+                    Box::new(move || upperdir::import(&store, &source, &dir).map(|_| ()))
+                        as crate::history::checkpoint::Importer
+                });
+                history.start(pid1, server_store.clone(), import);
                 rec.history = history.record.clone();
                 if let Err(e) = record::write_live(&req.project_dir, &marker) {
                     tracing::warn!("cannot write the live marker: {e}");
