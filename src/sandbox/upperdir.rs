@@ -445,6 +445,17 @@ impl Importer<'_, '_> {
     }
 }
 
+/// `agentfs recover`: import the upper directory an overlayfs run of the project left (it
+/// ended before importing) into its delta `db` over `source`, then remove it. The delta is
+/// locked as a server locks it (a held lock fails: the project is in use).
+pub fn recover(project_dir: &Path, db: &Path, source: &Path) -> Result<Imported, String> {
+    let _lock = crate::sys::lock::lock_db(db).map_err(|e| e.to_string())?;
+    let store = Store::open(db, false).map_err(|e| format!("{}: {e}", db.display()))?;
+    let done = import(&store, source, project_dir)?;
+    remove(project_dir)?;
+    Ok(done)
+}
+
 /// The upper directory of `project_dir`, for messages.
 pub fn shown(project_dir: &Path) -> String {
     upper_dir(project_dir).display().to_string()
