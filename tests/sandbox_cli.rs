@@ -444,6 +444,25 @@ fn auto_picks_overlayfs_when_fuse_is_unavailable_and_fuse_otherwise() {
         assert_eq!(String::from_utf8_lossy(&o.stdout), "/new\n", "{}", err(&o));
         let o = w.af(&["run", "ovl", "--mount-backend", "fuse", "--", "true"]);
         common::world::refused(&o, 125, "backend_mismatch");
+        // A rule only a server could enforce is refused on overlayfs; nothing runs.
+        let o = w.af(&[
+            "run",
+            "ovl",
+            "--symlinks",
+            "refuse-escaping",
+            "--",
+            "sh",
+            "-c",
+            "echo x > ran",
+        ]);
+        assert_eq!(o.status.code(), Some(125), "{}", err(&o));
+        assert!(
+            err(&o).contains("agentfs: policy_unenforceable: "),
+            "{}",
+            err(&o)
+        );
+        let o = w.af(&["diff", "--project", "ovl", "--name-only"]);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "/new\n", "{}", err(&o));
         assert!(fs::read_to_string(w.root().join("ovl/config.toml"))
             .unwrap()
             .contains("backend = \"overlayfs\""));

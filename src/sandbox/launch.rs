@@ -190,7 +190,7 @@ fn fence(req: &SandboxRequest, knobs: &Knobs) -> Result<Option<Fence>, SandboxEr
         // nobody to enforce it.
         if req.refuse_escaping_symlinks {
             return Err(SandboxError::PolicyUnenforceable(
-                "escaping symlinks cannot be refused on the overlayfs backend (no server sees them): use --mount-backend fuse or --symlinks allow".into(),
+                "escaping symlinks cannot be refused on the overlayfs backend this project runs on (no server sees them): launch with --symlinks allow".into(),
             ));
         }
         return Ok(None);
