@@ -474,3 +474,41 @@ fn auto_picks_overlayfs_when_fuse_is_unavailable_and_fuse_otherwise() {
     assert_eq!(backend, "fuse", "{why}");
     assert!(why.contains("FUSE mount succeeded"), "{why}");
 }
+
+/// AGENTFS_MOUNT_BACKEND chooses the backend of a project's first launch without the flag;
+/// later it changes nothing (the project keeps its backend); a value it does not know is
+/// `bad_knob`.
+#[test]
+fn the_default_backend_knob_decides_only_a_first_launch() {
+    if !common::fuse_or_skip("the_default_backend_knob_decides_only_a_first_launch") {
+        return;
+    }
+    let w = World::new(None);
+    let src = w.source("kn");
+    let run = |knob: &str, args: &[&str]| {
+        w.command(&common::bin(), args)
+            .env("AGENTFS_MOUNT_BACKEND", knob)
+            .output()
+            .unwrap()
+    };
+    launched(&run(
+        "overlayfs",
+        &["quick", src.to_str().unwrap(), "--", "true"],
+    ));
+    let o = w.af(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["projects"][0]["backend"], "overlayfs", "{v}");
+    assert_eq!(
+        v["projects"][0]["last_run"]["backend_reason"],
+        "AGENTFS_MOUNT_BACKEND=overlayfs"
+    );
+    launched(&run("fuse", &["run", "kn", "--", "true"]));
+    let o = w.af(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["projects"][0]["last_run"]["backend"], "overlayfs", "{v}");
+    common::world::refused(
+        &run("kernel", &["run", "kn", "--", "true"]),
+        125,
+        "bad_knob",
+    );
+}

@@ -250,11 +250,12 @@ fn open_and_launch(
 }
 
 /// The project's backend and why: the one its config.toml records (another one asked for is
-/// `backend_mismatch`), else the one asked for, else what `auto` finds; a new choice is
-/// written to config.toml.
+/// `backend_mismatch`), else the one asked for (`default`, AGENTFS_MOUNT_BACKEND, without the
+/// flag), else what `auto` finds; a new choice is written to config.toml.
 fn choose_backend(
     project: &Project,
     asked: Option<BackendChoice>,
+    default: BackendChoice,
 ) -> Result<(Backend, String), super::CliError> {
     let named = |c: BackendChoice| match c {
         BackendChoice::Auto => None,
@@ -278,8 +279,9 @@ fn choose_backend(
             _ => Ok((kept, "config.toml".into())),
         };
     }
-    let (backend, why) = match asked_for {
-        Some(b) => (b, format!("--mount-backend {}", name(b))),
+    let (backend, why) = match asked_for.or(named(default)) {
+        Some(b) if asked_for.is_some() => (b, format!("--mount-backend {}", name(b))),
+        Some(b) => (b, format!("AGENTFS_MOUNT_BACKEND={}", name(b))),
         None => {
             let c = crate::sandbox::probe::probe()
                 .map_err(crate::sandbox::SandboxError::NoMountBackend)?;
@@ -305,6 +307,17 @@ fn launch(
     knobs: &Knobs,
 ) -> i32 {
     let asked = flags.mount_backend;
+    let default = match knobs.mount_backend.as_str() {
+        "auto" | "" => BackendChoice::Auto,
+        "fuse" => BackendChoice::Fuse,
+        "overlayfs" => BackendChoice::Overlayfs,
+        other => {
+            return refuse(&Error::new(
+                Code::BadKnob,
+                format!("AGENTFS_MOUNT_BACKEND={other:?} (auto, fuse or overlayfs)"),
+            ))
+        }
+    };
     let req = project::root(knobs).and_then(|root| {
         let replicate = flags.replica_url(project)?;
         let mut settings = project::defaults(&root)?;
@@ -318,7 +331,7 @@ fn launch(
         Ok(r) => r,
         Err(e) => return refuse(&e),
     };
-    match choose_backend(project, asked) {
+    match choose_backend(project, asked, default) {
         Ok((backend, why)) => {
             req.backend = backend.into();
             req.backend_reason = why;
