@@ -845,11 +845,11 @@ fn both_backends_agree(user: Option<(u32, u32)>, tag: &str) {
         && mkdir -p made/deep && echo d > made/deep/f && ln -s new.txt link && chmod 600 new.txt \
         && ln new.txt hard && rm -r drop && rm -r old && mkdir old && echo fresh > old/other \
         && printf 'x' | dd of=big bs=1 seek=5 conv=notrunc 2>/dev/null && mkfifo pipe \
-        && /usr/bin/python3 -c \"import os; os.setxattr('sub/keep.txt', 'user.mine', b'v'); os.setxattr('made', 'user.overlay.opaque', b'n')\" \
+        && /usr/bin/python3 -c \"import os; os.setxattr('sub/keep.txt', 'user.mine', b'v'); os.setxattr('made', 'user.overlay.opaque', b'n'); os.setxattr('.', 'user.top', b't')\" \
         && echo FIRST";
     let second = "cd \"$SRC\" && cat new.txt hard sub/keep.txt made/deep/f && ls old && ls -a . \
         && test ! -e hello.txt && test ! -e drop && readlink link && test -p pipe && rm pipe \
-        && /usr/bin/python3 -c \"import os; print(sorted(os.listxattr('sub/keep.txt')), sorted(os.listxattr('made')), os.getxattr('made', 'user.overlay.opaque'))\" \
+        && /usr/bin/python3 -c \"import os; print(sorted(os.listxattr('sub/keep.txt')), sorted(os.listxattr('made')), os.getxattr('made', 'user.overlay.opaque'), os.getxattr('.', 'user.top'))\" \
         && echo again >> hard && rm made/deep/f && stat -c '%a %h' new.txt && echo SECOND";
     let mut outputs = Vec::new();
     for p in [&fuse, &ovl] {
@@ -891,7 +891,7 @@ fn both_backends_agree(user: Option<(u32, u32)>, tag: &str) {
     }
     assert!(outputs[0].0[1].contains("SECOND"), "{:?}", outputs[0].0);
     assert!(
-        outputs[0].0[1].contains("['user.mine'] ['user.overlay.opaque'] b'n'"),
+        outputs[0].0[1].contains("['user.mine'] ['user.overlay.opaque'] b'n' b't'"),
         "{:?}",
         outputs[0].0
     );

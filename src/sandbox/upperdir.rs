@@ -145,6 +145,10 @@ pub fn export(
             linked: HashMap::new(),
             finish: Vec::new(),
         };
+        for (name, value) in cut.xattrs(cut.root.ino) {
+            tree.set_xattr(b"", &escaped(&name), &value)
+                .map_err(io(b"/"))?;
+        }
         out.dir(cut.root.ino, b"/")?;
         for w in &cut.whiteouts {
             out.whiteout(w)?;
