@@ -38,6 +38,8 @@ fn request(root: &Path, command: &[&str]) -> SandboxRequest {
         net: Net::Host,
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         replicate: None,
+        backend: Default::default(),
+        backend_reason: String::new(),
     }
 }
 

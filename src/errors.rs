@@ -121,6 +121,9 @@ codes! {
     LitestreamFailed = "litestream_failed", CommandFailed;
     ReplicaBehind = "replica_behind", Io;
     ReplicateMismatch = "replicate_mismatch", SandboxLive;
+    UpperFailed = "upper_failed", ServerFailed;
+    NoMountBackend = "no_mount_backend", UnsupportedPlatform;
+    BackendMismatch = "backend_mismatch", ConfigInvalid;
 }
 
 impl Code {

@@ -97,6 +97,8 @@ knob_table! {
         "Retention: the newest this many checkpoints of the history keep their state; older ones keep it only when they are the newest checkpoint of their hour, the rest are pruned (their commit stays, gc may then delete what only they reached). Manual, exit and restore commits are never pruned (0 = prune nothing).";
     checkpoint_freeze: Str = "auto", [0, 0], Policy, "AGENTFS_CHECKPOINT_FREEZE",
         "Freeze the sandbox's processes (cgroup v2 freezer) while a checkpoint is taken: auto (freeze when a cgroup can be made, else run with unfrozen checkpoints, said at launch and in the run record), require (refuse to launch without one: freezer_unavailable) or off (never freeze).";
+    mount_backend: Str = "auto", [0, 0], Policy, "AGENTFS_MOUNT_BACKEND",
+        "The backend a project gets at its first launch when --mount-backend is not given: auto (the first of FUSE and overlayfs that mounts in a throwaway namespace), fuse or overlayfs. A project keeps the backend its config.toml records whatever this says.";
     audit_max_events: U64 = 1000, [1, 10000000], Policy, "AGENTFS_AUDIT_MAX_EVENTS",
         "Most escape attempts one sandbox run appends to its project's audit log (audit/events.ndjson); past it writes are still refused, unlogged, and the run ends the log with one line counting them.";
     checkpoint_freeze_wait_ms: U64 = 2000, [1, 600000], Policy, "AGENTFS_CHECKPOINT_FREEZE_WAIT_MS",

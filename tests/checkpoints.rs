@@ -635,3 +635,39 @@ fn checkpoint_requests_that_fail_as_root() {
 fn checkpoint_requests_that_fail_as_user() {
     checkpoint_requests_that_fail(Some(USER));
 }
+
+/// On the overlayfs backend a checkpoint imports the upper directory into the delta while the
+/// sandbox is frozen: it holds what was written before it and not what came after, and the
+/// run's end still imports everything.
+#[test]
+fn a_checkpoint_on_overlayfs_holds_the_writes_made_before_it() {
+    let Some(r) = Run::new() else { return };
+    let script = format!(
+        "echo one > before && {BIN_IN_VIEW} checkpoint --json > /tmp/cp.json && \
+         echo two > after && cat /tmp/cp.json"
+    );
+    let o = r.run_with(
+        &["--mount-backend", "overlayfs"],
+        &script,
+        &[("AGENTFS_CHECKPOINT_IDLE_MS", "0")],
+    );
+    launched(&o);
+    let reply: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let hash = reply["commit"].as_str().unwrap().to_string();
+    let c = r.store();
+    assert_eq!(
+        r.file_at(&c, &hash, "before").as_deref(),
+        Some(&b"one\n"[..])
+    );
+    assert_eq!(r.file_at(&c, &hash, "after"), None);
+    let status = r.json(&["status", "p"]);
+    assert_eq!(status["projects"][0]["last_run"]["backend"], "overlayfs");
+    let exit = status["projects"][0]["last_run"]["history"]["exit_snapshot"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        r.file_at(&c, &exit, "after").as_deref(),
+        Some(&b"two\n"[..])
+    );
+}

@@ -570,3 +570,44 @@ fn recover_removes_an_orphaned_project() {
     assert!(!dir.exists());
     assert!(about(&recover(&w), s(&dir)).is_empty());
 }
+
+/// An upper directory an overlayfs run left unimported (its supervisor was killed before the
+/// import) is imported into the delta by `recover`, then removed; a second recover finds
+/// nothing.
+fn recover_imports_an_upper_left_behind(user: Option<u32>) {
+    let _s = serial();
+    let w = World::new(user);
+    let src = w.source("ovl-src");
+    launched(&w.af(&["init", "ovl", "--source", s(&src)]));
+    let upper = w.root().join("ovl/upper");
+    fs::create_dir(&upper).unwrap();
+    fs::write(upper.join("left.txt"), b"left\n").unwrap();
+    w.own(&upper);
+    w.own(&upper.join("left.txt"));
+    let found = recover(&w);
+    let mine = about(&found, s(&upper));
+    assert_eq!(mine.len(), 1, "{found:?}");
+    assert_eq!(mine[0]["kind"], "unimported_upper");
+    assert_eq!(mine[0]["ok"], true, "{found:?}");
+    assert!(!upper.exists());
+    let o = w.af(&["diff", "--project", "ovl", "--name-only"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "/left.txt\n",
+        "{}",
+        err(&o)
+    );
+    assert!(about(&recover(&w), s(&upper)).is_empty());
+}
+
+#[test]
+fn recover_imports_an_upper_left_behind_as_root() {
+    recover_imports_an_upper_left_behind(None);
+}
+
+#[test]
+fn recover_imports_an_upper_left_behind_as_user() {
+    if user_can_run("recover_imports_an_upper_left_behind_as_user") {
+        recover_imports_an_upper_left_behind(Some(USER));
+    }
+}

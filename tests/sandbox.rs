@@ -13,7 +13,9 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use agentfs::sandbox::request::{Bind, HomeMode, Net, Policy, PolicyMode, SandboxRequest};
+use agentfs::sandbox::request::{
+    Bind, HomeMode, MountBackend, Net, Policy, PolicyMode, SandboxRequest,
+};
 use serde::{Deserialize, Serialize};
 
 use common::{agentfs, fuse_or_skip, scratch_root};
@@ -38,6 +40,9 @@ struct Spec {
     writable: Vec<PathBuf>,
     net_none: bool,
     exec: bool,
+    /// "overlayfs", or the default (FUSE).
+    #[serde(default)]
+    backend: String,
 }
 
 impl Spec {
@@ -81,6 +86,11 @@ impl Spec {
                 ("LANG".into(), "C".into()),
             ],
             replicate: None,
+            backend: match self.backend.as_str() {
+                "overlayfs" => MountBackend::Overlayfs,
+                _ => MountBackend::Fuse,
+            },
+            backend_reason: String::new(),
         }
     }
 }
@@ -177,6 +187,7 @@ impl Project {
             writable: vec![source],
             net_none: false,
             exec: false,
+            backend: String::new(),
         };
         Project { root, spec, user }
     }
@@ -815,4 +826,177 @@ fn readable_by_all(p: &Path) -> bool {
             .map(|m| m.permissions().mode() & 0o001 != 0)
             .unwrap_or(false)
     })
+}
+
+/// The same commands through both backends, on two projects made alike: `diff --json` and
+/// what `apply` writes into the host directory are the same.
+fn both_backends_agree(user: Option<(u32, u32)>, tag: &str) {
+    let setup = |_: &Path, src: &Path| {
+        fs::create_dir_all(src.join("old")).unwrap();
+        fs::write(src.join("old/was"), "was\n").unwrap();
+        fs::create_dir_all(src.join("drop/inner")).unwrap();
+        fs::write(src.join("drop/inner/x"), "x\n").unwrap();
+        fs::write(src.join("big"), vec![7u8; 300_000]).unwrap();
+    };
+    let fuse = Project::new_with(&format!("{tag}-fuse"), user, &setup);
+    let mut ovl = Project::new_with(&format!("{tag}-ovl"), user, &setup);
+    ovl.spec.backend = "overlayfs".into();
+    let first = "cd \"$SRC\" && echo new > new.txt && echo more >> sub/keep.txt && rm hello.txt \
+        && mkdir -p made/deep && echo d > made/deep/f && ln -s new.txt link && chmod 600 new.txt \
+        && ln new.txt hard && rm -r drop && rm -r old && mkdir old && echo fresh > old/other \
+        && printf 'x' | dd of=big bs=1 seek=5 conv=notrunc 2>/dev/null && mkfifo pipe \
+        && /usr/bin/python3 -c \"import os; os.setxattr('sub/keep.txt', 'user.mine', b'v'); os.setxattr('made', 'user.overlay.opaque', b'n'); os.setxattr('.', 'user.top', b't')\" \
+        && echo FIRST";
+    let second = "cd \"$SRC\" && cat new.txt hard sub/keep.txt made/deep/f && ls old && ls -a . \
+        && test ! -e hello.txt && test ! -e drop && readlink link && test -p pipe && rm pipe \
+        && /usr/bin/python3 -c \"import os; print(sorted(os.listxattr('sub/keep.txt')), sorted(os.listxattr('made')), os.getxattr('made', 'user.overlay.opaque'), os.getxattr('.', 'user.top'))\" \
+        && echo again >> hard && rm made/deep/f && stat -c '%a %h' new.txt && echo SECOND";
+    let mut outputs = Vec::new();
+    for p in [&fuse, &ovl] {
+        let src = p.source().display().to_string();
+        let mut texts = Vec::new();
+        for script in [first, second] {
+            let out = p.run(&format!("SRC={src}; {script}"));
+            assert_eq!(out.status.code(), Some(0), "{}: {out:?}", p.spec.project);
+            texts.push(stdout(&out));
+        }
+        assert!(
+            !p.spec.project_dir.join("upper").exists(),
+            "the upper stayed"
+        );
+        assert!(
+            !p.spec.project_dir.join("work").exists(),
+            "the work directory stayed"
+        );
+        let rec = agentfs::sandbox::latest_record(&p.spec.project_dir).expect("a run record");
+        assert_eq!(rec.exit_status, Some(0));
+        assert_eq!(
+            rec.backend,
+            if p.spec.backend.is_empty() {
+                "fuse"
+            } else {
+                "overlayfs"
+            }
+        );
+        no_sandbox_mounts_on_host(p);
+        let db = p.spec.db.to_str().unwrap();
+        let integ = agentfs(&["integrity", db]);
+        assert!(integ.status.success(), "{integ:?}");
+        let diff = agentfs(&["diff", db, "--json"]);
+        assert!(diff.status.success(), "{diff:?}");
+        let json = String::from_utf8_lossy(&diff.stdout).replace(&src, "SRC");
+        let applied = agentfs(&["apply", db]);
+        assert!(applied.status.success(), "{applied:?}");
+        outputs.push((texts, json, common::tree_listing(p.source())));
+    }
+    assert!(outputs[0].0[1].contains("SECOND"), "{:?}", outputs[0].0);
+    assert!(
+        outputs[0].0[1].contains("['user.mine'] ['user.overlay.opaque'] b'n' b't'"),
+        "{:?}",
+        outputs[0].0
+    );
+    assert_eq!(outputs[0].0, outputs[1].0, "what the command saw");
+    assert_eq!(outputs[0].1, outputs[1].1, "diff --json");
+    assert_eq!(outputs[0].2, outputs[1].2, "the applied trees");
+}
+
+#[test]
+fn the_overlayfs_backend_gives_what_fuse_gives_as_root() {
+    if !ready("the_overlayfs_backend_gives_what_fuse_gives_as_root") {
+        return;
+    }
+    both_backends_agree(None, "bk-root");
+}
+
+#[test]
+fn the_overlayfs_backend_gives_what_fuse_gives_as_a_user() {
+    if !ready("the_overlayfs_backend_gives_what_fuse_gives_as_a_user") {
+        return;
+    }
+    let Some(ids) = test_user() else {
+        return;
+    };
+    if !readable_by_all(&std::env::current_exe().unwrap()) {
+        eprintln!("skipping: the test binary is not reachable by an ordinary user");
+        return;
+    }
+    let _open = common::DevFuseMode::open_up();
+    both_backends_agree(Some(ids), "bk-user");
+}
+
+/// An upper directory a previous overlayfs run left unimported (it ended before the import)
+/// goes into the delta before the next launch exports it; one that cannot be used refuses the
+/// launch with `upper_failed` and nothing runs.
+#[test]
+fn an_upper_left_behind_is_imported_before_the_next_overlayfs_run() {
+    if !ready("an_upper_left_behind_is_imported_before_the_next_overlayfs_run") {
+        return;
+    }
+    let mut p = Project::new("leftover", None);
+    p.spec.backend = "overlayfs".into();
+    let upper = p.spec.project_dir.join("upper");
+    fs::create_dir(&upper).unwrap();
+    fs::set_permissions(&upper, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(upper.join("left.txt"), "left\n").unwrap();
+    // A whiteout: the previous run deleted hello.txt.
+    let wh = std::ffi::CString::new(upper.join("hello.txt").to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path; mknod has no other preconditions.
+    assert_eq!(unsafe { libc::mknod(wh.as_ptr(), libc::S_IFCHR, 0) }, 0);
+    chown_tree(&upper, (65534, 65534));
+    let out = p.run(&format!(
+        "cd {} && cat left.txt && test ! -e hello.txt && echo RECOVERED",
+        p.source().display()
+    ));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stdout(&out).contains("left\nRECOVERED"), "{out:?}");
+    assert!(!upper.exists());
+    let diff = agentfs(&["diff", "--name-only", p.spec.db.to_str().unwrap()]);
+    let names = String::from_utf8_lossy(&diff.stdout);
+    let mut names: Vec<&str> = names.lines().collect();
+    names.sort();
+    assert_eq!(names, ["/hello.txt", "/left.txt"], "{diff:?}");
+
+    // Something that is not a directory where the upper goes: refused before the command.
+    fs::write(&upper, "not a directory").unwrap();
+    let flag = p.root.join("ran");
+    let out = p.run(&format!("touch {}", flag.display()));
+    assert_eq!(out.status.code(), Some(250), "{out:?}");
+    let code = "upper_failed";
+    assert!(
+        stdout(&out).contains(&format!("SANDBOX_ERROR {code}")),
+        "{out:?}"
+    );
+    assert!(!flag.exists(), "the command ran");
+    no_sandbox_mounts_on_host(&p);
+}
+
+/// On overlayfs a writable root inside the project is writable and the rest of the project is
+/// refused by the kernel (read-only mount, EROFS), unlogged; masks inside the project hold;
+/// a rule only a server can enforce refuses the launch.
+#[test]
+fn overlayfs_fences_the_project_at_the_kernel() {
+    if !ready("overlayfs_fences_the_project_at_the_kernel") {
+        return;
+    }
+    let mut p = Project::new("ovlfence", None);
+    p.spec.backend = "overlayfs".into();
+    p.spec.policy = Some("workspace-write".into());
+    p.spec.writable = vec![p.source().join("sub")];
+    let out = p.run(&format!(
+        "cd {} && echo w > sub/ok && echo ROOT-WRITABLE; touch top 2>&1 | grep -c 'Read-only'; cat .env | wc -c",
+        p.source().display()
+    ));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stdout(&out).contains("ROOT-WRITABLE\n1\n0\n"), "{out:?}");
+    let rec = agentfs::sandbox::latest_record(&p.spec.project_dir).expect("a run record");
+    assert_eq!(rec.backend, "overlayfs");
+    assert_eq!(rec.escape_attempts, 0);
+    let diff = agentfs(&["diff", "--name-only", p.spec.db.to_str().unwrap()]);
+    assert_eq!(
+        String::from_utf8_lossy(&diff.stdout),
+        "/sub/ok\n",
+        "{diff:?}"
+    );
+    assert!(!p.spec.project_dir.join("audit").exists());
+    no_sandbox_mounts_on_host(&p);
 }

@@ -394,3 +394,121 @@ fn a_linked_worktree_commits_once_its_git_directory_is_granted() {
     assert!(granted.status.success(), "{}", err(&granted));
     assert_eq!(stdout(&granted), "2\n");
 }
+
+/// `--mount-backend auto` (the default for a new project) decides by mounting: with /dev/fuse
+/// closed to the user it picks overlayfs, with /dev/fuse open it picks FUSE; the choice and
+/// its reason are in config.toml, the run record and `status --json`, and the project keeps
+/// it (asking for the other backend is `backend_mismatch`).
+#[test]
+fn auto_picks_overlayfs_when_fuse_is_unavailable_and_fuse_otherwise() {
+    if !user_can_run("auto_picks_overlayfs_when_fuse_is_unavailable_and_fuse_otherwise") {
+        return;
+    }
+    let chosen = |w: &World| {
+        let o = w.af(&["status", "--json"]);
+        assert!(o.status.success(), "{}", err(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let p = &v["projects"][0];
+        assert_eq!(p["backend"], p["last_run"]["backend"], "{p}");
+        (
+            p["backend"].as_str().unwrap_or("").to_string(),
+            p["last_run"]["backend_reason"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        )
+    };
+    {
+        let Some(_closed) = common::DevFuseClosed::hold() else {
+            eprintln!("SKIP: /dev/fuse is open to every user here");
+            return;
+        };
+        let w = World::without_dev_fuse(Some(USER));
+        let src = w.source("ovl");
+        let o = w.af(&[
+            "quick",
+            src.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "echo x > new",
+        ]);
+        launched(&o);
+        let (backend, why) = chosen(&w);
+        assert_eq!(backend, "overlayfs", "{why}");
+        assert!(
+            why.contains("FUSE failed") && why.contains("overlayfs"),
+            "{why}"
+        );
+        let o = w.af(&["diff", "--project", "ovl", "--name-only"]);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "/new\n", "{}", err(&o));
+        let o = w.af(&["run", "ovl", "--mount-backend", "fuse", "--", "true"]);
+        common::world::refused(&o, 125, "backend_mismatch");
+        // A rule only a server could enforce is refused on overlayfs; nothing runs.
+        let o = w.af(&[
+            "run",
+            "ovl",
+            "--symlinks",
+            "refuse-escaping",
+            "--",
+            "sh",
+            "-c",
+            "echo x > ran",
+        ]);
+        assert_eq!(o.status.code(), Some(125), "{}", err(&o));
+        assert!(
+            err(&o).contains("agentfs: policy_unenforceable: "),
+            "{}",
+            err(&o)
+        );
+        let o = w.af(&["diff", "--project", "ovl", "--name-only"]);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "/new\n", "{}", err(&o));
+        assert!(fs::read_to_string(w.root().join("ovl/config.toml"))
+            .unwrap()
+            .contains("backend = \"overlayfs\""));
+    }
+    let w = World::new(Some(USER));
+    let src = w.source("fs");
+    launched(&w.af(&["quick", src.to_str().unwrap(), "--", "true"]));
+    let (backend, why) = chosen(&w);
+    assert_eq!(backend, "fuse", "{why}");
+    assert!(why.contains("FUSE mount succeeded"), "{why}");
+}
+
+/// AGENTFS_MOUNT_BACKEND chooses the backend of a project's first launch without the flag;
+/// later it changes nothing (the project keeps its backend); a value it does not know is
+/// `bad_knob`.
+#[test]
+fn the_default_backend_knob_decides_only_a_first_launch() {
+    if !common::fuse_or_skip("the_default_backend_knob_decides_only_a_first_launch") {
+        return;
+    }
+    let w = World::new(None);
+    let src = w.source("kn");
+    let run = |knob: &str, args: &[&str]| {
+        w.command(&common::bin(), args)
+            .env("AGENTFS_MOUNT_BACKEND", knob)
+            .output()
+            .unwrap()
+    };
+    launched(&run(
+        "overlayfs",
+        &["quick", src.to_str().unwrap(), "--", "true"],
+    ));
+    let o = w.af(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["projects"][0]["backend"], "overlayfs", "{v}");
+    assert_eq!(
+        v["projects"][0]["last_run"]["backend_reason"],
+        "AGENTFS_MOUNT_BACKEND=overlayfs"
+    );
+    launched(&run("fuse", &["run", "kn", "--", "true"]));
+    let o = w.af(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["projects"][0]["last_run"]["backend"], "overlayfs", "{v}");
+    common::world::refused(
+        &run("kernel", &["run", "kn", "--", "true"]),
+        125,
+        "bad_knob",
+    );
+}

@@ -177,6 +177,7 @@ fn projects(root: &Path) -> Vec<Finding> {
         // The record first: a recovery killed in between finds the marker again.
         out.extend(unfinished_runs(&p));
         out.extend(dead_sandbox(&p));
+        out.extend(unimported_upper(&p));
         out.extend(apply_copies(&p));
         out.extend(interrupted_apply(&p));
     }
@@ -237,6 +238,24 @@ fn unfinished_runs(p: &Project) -> Vec<Finding> {
             .fixed("recorded its end (outcome killed)", r)
         })
         .collect()
+}
+
+/// The upper directory of an overlayfs run that ended before importing it: imported into the
+/// delta and removed, unless the project's sandbox still runs or a server holds the delta.
+fn unimported_upper(p: &Project) -> Option<Finding> {
+    if !crate::sandbox::upper_left_over(&p.dir) || crate::sandbox::live(&p.dir).is_some() {
+        return None;
+    }
+    let db = p.db();
+    if crate::sys::lock::holder_pid(&db).is_some() {
+        return None;
+    }
+    let upper = crate::sandbox::upper_dir(&p.dir);
+    let r = match p.source() {
+        Some(src) => crate::sandbox::recover_upper(&p.dir, &db, src).map(|_| ()),
+        None => Err("the project overlays no directory".to_string()),
+    };
+    Some(Finding::new("unimported_upper", &upper, None).fixed("imported into the delta", r))
 }
 
 /// Private copies `apply --from` made whose process is gone.

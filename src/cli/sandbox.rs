@@ -7,7 +7,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use crate::knobs::Knobs;
-use crate::project::config::{HomeName, NetName, PolicyName, Settings, SymlinkName};
+use crate::project::config::{
+    Backend, BackendChoice, HomeName, NetName, PolicyName, Settings, SymlinkName,
+};
 use crate::project::{self, launch, Error, Project};
 use crate::replica::ReplicaUrl;
 use crate::store::overlay::{self, OverlayConfig};
@@ -58,6 +60,11 @@ pub struct LaunchFlags {
     /// replicate`). `exec` joining a live sandbox accepts only that sandbox's own URL.
     #[arg(long, value_name = "URL")]
     pub replicate: Option<String>,
+    /// What serves the project: auto (the first of fuse and overlayfs that mounts in a
+    /// throwaway namespace), fuse or overlayfs. Chosen at a project's first launch and kept in
+    /// its config.toml; asking another one later is refused (backend_mismatch).
+    #[arg(long = "mount-backend", value_enum)]
+    pub mount_backend: Option<BackendChoice>,
 }
 
 impl LaunchFlags {
@@ -242,6 +249,55 @@ fn open_and_launch(
     }
 }
 
+/// The project's backend and why: the one its config.toml records (another one asked for is
+/// `backend_mismatch`), else the one asked for (`default`, AGENTFS_MOUNT_BACKEND, without the
+/// flag), else what `auto` finds; a new choice is written to config.toml.
+fn choose_backend(
+    project: &Project,
+    asked: Option<BackendChoice>,
+    default: BackendChoice,
+) -> Result<(Backend, String), super::CliError> {
+    let named = |c: BackendChoice| match c {
+        BackendChoice::Auto => None,
+        BackendChoice::Fuse => Some(Backend::Fuse),
+        BackendChoice::Overlayfs => Some(Backend::Overlayfs),
+    };
+    let name = |b: Backend| crate::sandbox::request::MountBackend::from(b).as_str();
+    let asked_for = asked.and_then(named);
+    if let Some(kept) = project.config.project.backend {
+        return match asked_for {
+            Some(b) if b != kept => Err(Error::new(
+                Code::BackendMismatch,
+                format!(
+                    "project {} keeps the {} backend its config.toml records; it cannot run on {} (switching needs a conversion of the project, which agentfs cannot do yet)",
+                    project.name,
+                    name(kept),
+                    name(b)
+                ),
+            )
+            .into()),
+            _ => Ok((kept, "config.toml".into())),
+        };
+    }
+    let (backend, why) = match asked_for.or(named(default)) {
+        Some(b) if asked_for.is_some() => (b, format!("--mount-backend {}", name(b))),
+        Some(b) => (b, format!("AGENTFS_MOUNT_BACKEND={}", name(b))),
+        None => {
+            let c = crate::sandbox::probe::probe()
+                .map_err(crate::sandbox::SandboxError::NoMountBackend)?;
+            let b = match c.backend {
+                crate::sandbox::request::MountBackend::Fuse => Backend::Fuse,
+                crate::sandbox::request::MountBackend::Overlayfs => Backend::Overlayfs,
+            };
+            (b, c.reason)
+        }
+    };
+    let mut chosen = project.clone();
+    chosen.config.project.backend = Some(backend);
+    chosen.save()?;
+    Ok((backend, why))
+}
+
 /// Merge defaults, config and flags, build the request and launch it.
 fn launch(
     project: &Project,
@@ -250,6 +306,18 @@ fn launch(
     how: How,
     knobs: &Knobs,
 ) -> i32 {
+    let asked = flags.mount_backend;
+    let default = match knobs.mount_backend.as_str() {
+        "auto" | "" => BackendChoice::Auto,
+        "fuse" => BackendChoice::Fuse,
+        "overlayfs" => BackendChoice::Overlayfs,
+        other => {
+            return refuse(&Error::new(
+                Code::BadKnob,
+                format!("AGENTFS_MOUNT_BACKEND={other:?} (auto, fuse or overlayfs)"),
+            ))
+        }
+    };
     let req = project::root(knobs).and_then(|root| {
         let replicate = flags.replica_url(project)?;
         let mut settings = project::defaults(&root)?;
@@ -259,10 +327,17 @@ fn launch(
         req.replicate = replicate;
         Ok(req)
     });
-    let req = match req {
+    let mut req = match req {
         Ok(r) => r,
         Err(e) => return refuse(&e),
     };
+    match choose_backend(project, asked, default) {
+        Ok((backend, why)) => {
+            req.backend = backend.into();
+            req.backend_reason = why;
+        }
+        Err(e) => return super::error::report(&e.exit_with(REFUSED)),
+    }
     let started = match how {
         How::Run => crate::sandbox::run(&req, knobs),
         How::Exec => crate::sandbox::exec(&req, knobs),

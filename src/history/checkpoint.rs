@@ -105,7 +105,14 @@ pub struct Target {
     /// The project's directory as the sandbox mounts it.
     pub source: PathBuf,
     pub cgroup: Option<Arc<Cgroup>>,
+    /// Brings the sandbox's changes into the delta while it is frozen, before the barrier
+    /// (the overlayfs backend's import of its upper directory); None when the server writes
+    /// them there itself.
+    pub import: Option<Importer>,
 }
+
+/// See [`Target::import`].
+pub type Importer = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// Why a checkpoint was taken (recorded in its message).
 #[derive(Clone, Copy, Debug)]
@@ -383,6 +390,9 @@ fn snapshot(
             }
         }
         Err(e) => tracing::debug!("cannot open the sandbox's mount: {e}"),
+    }
+    if let Some(import) = &t.import {
+        import()?;
     }
     t.server
         .sync()

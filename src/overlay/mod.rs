@@ -22,6 +22,8 @@ mod base;
 mod nodes;
 mod partial;
 
+pub use base::kernel_rdev;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 

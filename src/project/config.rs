@@ -72,12 +72,31 @@ pub enum SymlinkName {
     RefuseEscaping,
 }
 
-/// What serves the project's view. Only our FUSE server exists today.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What serves the project's view (`[project] backend`), chosen at its first launch and kept:
+/// our FUSE server, or kernel overlayfs (docs/sandbox.md, Mount backends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Backend {
-    #[default]
     Fuse,
+    Overlayfs,
+}
+
+impl From<Backend> for crate::sandbox::request::MountBackend {
+    fn from(b: Backend) -> Self {
+        match b {
+            Backend::Fuse => Self::Fuse,
+            Backend::Overlayfs => Self::Overlayfs,
+        }
+    }
+}
+
+/// What `--mount-backend` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    /// The first of FUSE and overlayfs that mounts in a throwaway namespace.
+    Auto,
+    Fuse,
+    Overlayfs,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,8 +105,9 @@ pub struct ProjectSection {
     /// The directory the project overlays (canonical); absent until attached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<PathBuf>,
-    #[serde(default)]
-    pub backend: Backend,
+    /// Absent until the first launch chooses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Backend>,
     /// Glob patterns the history skips at snapshot time (absent: the defaults in
     /// docs/history.md); the sandbox still shows and writes them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -233,7 +253,7 @@ pub fn render(cfg: &ProjectConfig) -> Result<String, Error> {
     let body = toml::to_string(cfg).map_err(|e| Error::new(Code::ConfigInvalid, e.to_string()))?;
     Ok(format!(
         "# agentfs project configuration. Keys (all optional apart from [project] source):\n\
-         # [project] source, backend = \"fuse\"\n\
+         # [project] source, backend = \"fuse\" | \"overlayfs\" (chosen at the first launch)\n\
          # [home] mode = \"full\" | \"full-ro\" | \"empty\"\n\
          # [sandbox] masks, binds, ro_binds (\"SRC[:DST]\"), env (\"K=V\" or \"K\"), net = \"host\" | \"none\"\n\
          # [policy] mode = \"read-only\" | \"workspace-write\", writable_roots,\n\

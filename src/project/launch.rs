@@ -306,6 +306,8 @@ pub fn request(
         net: sb.net.map(Net::from).unwrap_or(Net::Host),
         env,
         replicate: None,
+        backend: Default::default(),
+        backend_reason: String::new(),
     })
 }
 

@@ -130,8 +130,9 @@ impl RunHistory {
         }
     }
 
-    /// The command runs: start the watcher.
-    pub fn start(&mut self, pid1: i32, server: Arc<Store>) {
+    /// The command runs: start the watcher. `import`: what brings the sandbox's changes into
+    /// the delta before each checkpoint (overlayfs), if the server does not.
+    pub fn start(&mut self, pid1: i32, server: Arc<Store>, import: Option<checkpoint::Importer>) {
         let target = Target {
             delta: self.delta.clone(),
             store_dir: self.project_dir.join(crate::project::HISTORY),
@@ -140,6 +141,7 @@ impl RunHistory {
             pid1,
             source: self.source.clone(),
             cgroup: self.cgroup.clone(),
+            import,
         };
         let activity = self
             .activity

@@ -27,7 +27,8 @@ use super::audit::{self, AuditLog};
 use super::history::RunHistory;
 use super::plan::{self, Op};
 use super::record::{self, LiveMarker, ReplicationRecord, RunRecord};
-use super::request::{HomeMode, Net, SandboxRequest};
+use super::request::{HomeMode, MountBackend, Net, SandboxRequest};
+use super::upperdir;
 use super::view::{self, Failure};
 use super::{preflight, SandboxError};
 use crate::dispatch::guard::Guard;
@@ -183,6 +184,17 @@ type Fence = (Arc<Guard>, Arc<AuditLog>);
 fn fence(req: &SandboxRequest, knobs: &Knobs) -> Result<Option<Fence>, SandboxError> {
     use std::os::unix::ffi::OsStrExt as _;
     let roots = req.policy.project_roots(&req.source);
+    if req.backend == MountBackend::Overlayfs {
+        // No server sees the changes: the kernel fences the project (its mount stays
+        // read-only outside the writable roots) and nothing is logged; a symlink rule has
+        // nobody to enforce it.
+        if req.refuse_escaping_symlinks {
+            return Err(SandboxError::PolicyUnenforceable(
+                "escaping symlinks cannot be refused on the overlayfs backend this project runs on (no server sees them): launch with --symlinks allow".into(),
+            ));
+        }
+        return Ok(None);
+    }
     if roots.is_none() && !req.refuse_escaping_symlinks {
         return Ok(None);
     }
@@ -232,7 +244,8 @@ fn new_record(req: &SandboxRequest, plan: &[Op], ids: Ids) -> RunRecord {
         gid_inside: ids.gid,
         uid_host: ids.uid,
         gid_host: ids.gid,
-        backend: "fuse".into(),
+        backend: req.backend.as_str().into(),
+        backend_reason: req.backend_reason.clone(),
         command: req
             .command
             .iter()
@@ -278,8 +291,19 @@ fn supervise(
             return Err(e);
         }
     };
-    history.listen();
     let server_store = prepared.store();
+    if req.backend == MountBackend::Overlayfs {
+        let owner = crate::sys::ids::is_root().then_some((rec.uid_inside, rec.gid_inside));
+        if let Err(e) = export_upper(req, &server_store, owner) {
+            let _ = nix::sys::socket::shutdown(
+                std::os::fd::AsRawFd::as_raw_fd(sup),
+                nix::sys::socket::Shutdown::Both,
+            );
+            let _ = ns::wait_child(outer);
+            return Err(e);
+        }
+    }
+    history.listen();
     send(sup, b"G");
     let mut prepared = Some(prepared);
     let mut server_thread = None;
@@ -334,7 +358,16 @@ fn supervise(
                     cgroup: history.cgroup_path(),
                     replicate: req.replicate.as_ref().map(ToString::to_string),
                 };
-                history.start(pid1, server_store.clone());
+                let import = (req.backend == MountBackend::Overlayfs).then(|| {
+                    let (store, source, dir) = (
+                        server_store.clone(),
+                        req.source.clone(),
+                        req.project_dir.clone(),
+                    );
+                    Box::new(move || upperdir::import(&store, &source, &dir).map(|_| ()))
+                        as crate::history::checkpoint::Importer
+                });
+                history.start(pid1, server_store.clone(), import);
                 rec.history = history.record.clone();
                 if let Err(e) = record::write_live(&req.project_dir, &marker) {
                     tracing::warn!("cannot write the live marker: {e}");
@@ -354,6 +387,27 @@ fn supervise(
     done.store(true, Ordering::SeqCst);
     // A checkpoint in progress holds the mount open: the watcher ends first.
     history.stop();
+    if req.backend == MountBackend::Overlayfs {
+        // The mount died with the namespaces: what the upper holds goes into the delta, and
+        // only once that committed does the upper go.
+        let imported = upperdir::import(&server_store, &req.source, &req.project_dir)
+            .and_then(|_| upperdir::remove(&req.project_dir))
+            .map_err(|e| {
+                SandboxError::Upper(format!(
+                    "{e}; the changes stay in {} for the next launch or `agentfs recover`",
+                    upperdir::shown(&req.project_dir)
+                ))
+            });
+        drop(prepared);
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        imported?;
+        if let Err(e) = history.exit_snapshot(status.as_ref().ok().copied()) {
+            eprintln!("agentfs: exit snapshot failed: {e}");
+        }
+        return status;
+    }
     // The namespaces died with their last process, and the mount with them: the kernel ends
     // the connection and the server commits everything behind its barrier and returns.
     let served = server_thread.map(|t| t.join());
@@ -376,6 +430,30 @@ fn supervise(
         }
     }
     status
+}
+
+/// The overlayfs backend before the mount: an upper a previous run left (it ended before
+/// importing) goes into the delta first, then the delta is exported into a fresh one.
+fn export_upper(
+    req: &SandboxRequest,
+    store: &crate::store::Store,
+    owner: Option<(u32, u32)>,
+) -> Result<(), SandboxError> {
+    let dir = &req.project_dir;
+    if upperdir::left_over(dir) {
+        upperdir::import(store, &req.source, dir)
+            .and_then(|_| upperdir::remove(dir))
+            .map_err(|e| {
+                SandboxError::Upper(format!("recovering a previous run's changes: {e}"))
+            })?;
+    }
+    upperdir::export(store, &req.source, dir, owner).map_err(|e| {
+        let _ = upperdir::remove(dir);
+        SandboxError::Upper(format!(
+            "exporting the delta into {}: {e}",
+            upperdir::shown(dir)
+        ))
+    })
 }
 
 /// Serve the project on `fd`, every inode owned by `owner`: the command's ids, which both
@@ -490,7 +568,7 @@ fn pid1(req: &SandboxRequest, plan: &[Op], ids: Ids, sock: &UnixStream) -> i32 {
     }
     // Opened here, by a process of the user namespace that will own the mount (the kernel
     // refuses a connection opened in another one).
-    let fuse = match crate::sys::mount::open_dev_fuse() {
+    let fuse = match fuse_for(req) {
         Ok(f) => f,
         Err(e) => {
             let e = std::io::Error::other(e.to_string());
@@ -514,6 +592,10 @@ fn pid1(req: &SandboxRequest, plan: &[Op], ids: Ids, sock: &UnixStream) -> i32 {
         if !matches!((&*sock).read(&mut go), Ok(1)) || go[0] != b'G' {
             return Err(std::io::Error::other("the server did not start"));
         }
+        // Overlayfs: the upper is exported, the view mounts it.
+        let Some(fuse) = &fuse else {
+            return Ok(());
+        };
         // Root builds the view as itself and runs the command as another id: both use it.
         ns::mount_fuse(dst, fuse.as_raw_fd(), ids.uid, ids.gid, ids.root)?;
         ns::send_fd(sock, fuse.as_fd())?;
@@ -550,6 +632,14 @@ fn pid1(req: &SandboxRequest, plan: &[Op], ids: Ids, sock: &UnixStream) -> i32 {
             send(sock, format!("Ecommand_failed\t{msg}").as_bytes());
             127
         }
+    }
+}
+
+/// /dev/fuse for a FUSE project; None on overlayfs.
+fn fuse_for(req: &SandboxRequest) -> Result<Option<OwnedFd>, crate::sys::mount::MountError> {
+    match req.backend {
+        MountBackend::Fuse => crate::sys::mount::open_dev_fuse().map(Some),
+        MountBackend::Overlayfs => Ok(None),
     }
 }
 

@@ -13,12 +13,15 @@ mod launch;
 pub mod plan;
 pub mod policy;
 pub mod preflight;
+pub mod probe;
 pub mod record;
 pub mod request;
+mod upperdir;
 mod view;
 
 pub use launch::{exec, run};
 pub use record::{latest_record, live, LiveMarker, RunRecord};
+pub use upperdir::{left_over as upper_left_over, recover as recover_upper, upper_dir};
 
 /// Why a sandbox did not start (or its server lost work); one line that says how to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +70,13 @@ pub enum SandboxError {
     /// `replicating`, `replicate_mismatch`, ...): nothing was run.
     #[error("{}", .0.message)]
     Replication(crate::project::Error),
+    /// The overlayfs backend could not export the delta into its upper directory or import
+    /// that directory back (the directory then stays for the next launch or `agentfs recover`).
+    #[error("{0}")]
+    Upper(String),
+    /// `--mount-backend auto` found no backend: both attempts' failures.
+    #[error("no mount backend works here ({0}): give this user /dev/fuse (`chmod 0666 /dev/fuse`; in a container --device /dev/fuse --cap-add SYS_ADMIN) or a kernel with overlayfs in user namespaces (5.11 or later)")]
+    NoMountBackend(String),
     #[error("no cgroup can be made to freeze the sandbox for checkpoints ({0}); AGENTFS_CHECKPOINT_FREEZE=auto runs with unfrozen checkpoints, =off never freezes")]
     FreezerUnavailable(String),
 }
@@ -102,6 +112,8 @@ impl SandboxError {
                 .and_then(|(name, _)| Code::named(name))
                 .unwrap_or(Code::BadConfig),
             SandboxError::FreezerUnavailable(_) => Code::FreezerUnavailable,
+            SandboxError::Upper(_) => Code::UpperFailed,
+            SandboxError::NoMountBackend(_) => Code::NoMountBackend,
             SandboxError::Replication(e) => e.code,
         }
     }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::request::{HomeMode, SandboxRequest};
+use super::request::{HomeMode, MountBackend, SandboxRequest};
 
 /// What a host path is, as far as the plan cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +58,13 @@ pub enum Op {
     Devpts { path: PathBuf },
     /// The project, served by our server from its delta over the host directory.
     Fuse { path: PathBuf },
+    /// The project as kernel overlayfs: the host directory at `path` under the `upper` (and
+    /// `work`) directory the delta was exported into (host paths).
+    Overlayfs {
+        path: PathBuf,
+        upper: PathBuf,
+        work: PathBuf,
+    },
     /// An empty read-only file over a file.
     MaskFile { path: PathBuf },
     /// An empty read-only directory over a directory.
@@ -81,6 +88,7 @@ impl Op {
             | Op::DevNode { path }
             | Op::Devpts { path }
             | Op::Fuse { path }
+            | Op::Overlayfs { path, .. }
             | Op::MaskFile { path }
             | Op::MaskDir { path }
             | Op::SelfBind { path }
@@ -100,6 +108,7 @@ impl Op {
             Op::DevNode { .. } => "dev-node",
             Op::Devpts { .. } => "devpts",
             Op::Fuse { .. } => "fuse",
+            Op::Overlayfs { .. } => "overlayfs",
             Op::MaskFile { .. } => "mask-file",
             Op::MaskDir { .. } => "mask-dir",
             Op::SelfBind { .. } => "self-bind",
@@ -110,7 +119,7 @@ impl Op {
 }
 
 /// Every operation's name, and "setup" for the steps around them.
-const NAMES: [&str; 14] = [
+const NAMES: [&str; 15] = [
     "tmpfs",
     "ro-bind",
     "bind",
@@ -119,6 +128,7 @@ const NAMES: [&str; 14] = [
     "dev-node",
     "devpts",
     "fuse",
+    "overlayfs",
     "mask-file",
     "mask-dir",
     "self-bind",
@@ -252,8 +262,15 @@ pub fn build(req: &SandboxRequest, host: &dyn Host) -> Vec<Op> {
             }
         });
     }
-    ops.push(Op::Fuse {
-        path: req.source.clone(),
+    ops.push(match req.backend {
+        MountBackend::Fuse => Op::Fuse {
+            path: req.source.clone(),
+        },
+        MountBackend::Overlayfs => Op::Overlayfs {
+            path: req.source.clone(),
+            upper: super::upperdir::upper_dir(&req.project_dir),
+            work: super::upperdir::work_dir(&req.project_dir),
+        },
     });
     windows.retain(|(v, _)| !inside(v, &req.source));
     windows.push((req.source.clone(), req.source.clone()));
@@ -295,8 +312,9 @@ pub fn build(req: &SandboxRequest, host: &dyn Host) -> Vec<Op> {
         ops.push(Op::Writable { path: p(t) });
     }
     // A writable set that does not cover the project is fenced by the server, which sees and
-    // logs what it refuses: the project's mount stays writable for it to do so.
-    if req.policy.project_roots(&req.source).is_some() {
+    // logs what it refuses: the project's mount stays writable for it to do so. Overlayfs has
+    // no server: its mount stays read-only and the kernel refuses (unlogged).
+    if req.backend == MountBackend::Fuse && req.policy.project_roots(&req.source).is_some() {
         ops.push(Op::Writable {
             path: req.source.clone(),
         });
@@ -371,6 +389,8 @@ mod tests {
             net: Net::Host,
             env: vec![],
             replicate: None,
+            backend: MountBackend::Fuse,
+            backend_reason: String::new(),
         }
     }
 
@@ -588,6 +608,38 @@ mod tests {
         assert_eq!(
             req.policy.project_roots(&req.source),
             Some(vec![PathBuf::from("/src")])
+        );
+    }
+
+    #[test]
+    fn overlayfs_mounts_the_exported_upper_and_keeps_a_fenced_project_read_only() {
+        let mut req = request();
+        req.backend = MountBackend::Overlayfs;
+        req.policy = Policy {
+            mode: Some(PolicyMode::WorkspaceWrite),
+            writable: vec!["/srv/p/src".into()],
+        };
+        let ops = build(&req, &host());
+        let ovl = pos(
+            &ops,
+            &Op::Overlayfs {
+                path: "/srv/p".into(),
+                upper: "/home/u/.agentfs/p/upper".into(),
+                work: "/home/u/.agentfs/p/work".into(),
+            },
+        );
+        let mask = pos(
+            &ops,
+            &Op::MaskFile {
+                path: "/srv/p/.env".into(),
+            },
+        );
+        assert!(ovl < mask);
+        assert!(!ops.iter().any(|o| matches!(o, Op::Fuse { .. })));
+        // No server to fence the project: only the root is writable again.
+        assert_eq!(
+            writable_after(&ops),
+            ["/proc", "/tmp", "/var/tmp", "/dev/shm", "/srv/p/src"].map(Path::new)
         );
     }
 

@@ -38,6 +38,9 @@ pub fn check(req: &SandboxRequest) -> Result<(), SandboxError> {
     }
     let exe = std::env::current_exe().unwrap_or_else(|_| "/usr/local/bin/agentfs".into());
     check_userns(Path::new(SYSCTL_ROOT), crate::sys::ids::is_root(), &exe)?;
+    if req.backend == super::request::MountBackend::Overlayfs {
+        return Ok(());
+    }
     let fuse = Path::new("/dev/fuse");
     if !fuse.exists() {
         return Err(SandboxError::FuseUnavailable(

@@ -55,6 +55,9 @@ pub struct RunRecord {
     pub uid_host: u32,
     pub gid_host: u32,
     pub backend: String,
+    /// Why this backend: the project's config.toml, `--mount-backend`, or what `auto` tried.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub backend_reason: String,
     pub command: Vec<String>,
     pub cwd: PathBuf,
     /// Unix seconds.
@@ -143,6 +146,7 @@ impl RunRecord {
                 path: o.path().to_path_buf(),
                 source: match o {
                     Op::RoBind { src, .. } | Op::Bind { src, .. } => Some(src.clone()),
+                    Op::Overlayfs { upper, .. } => Some(upper.clone()),
                     _ => None,
                 },
                 mode: match o {

@@ -44,6 +44,31 @@ pub struct SandboxRequest {
     /// Where the project's databases are replicated for the sandbox's lifetime (`--replicate`,
     /// or `[replicate] url` of config.toml), if anywhere.
     pub replicate: Option<crate::replica::ReplicaUrl>,
+    /// What serves the project at its real path (docs/sandbox.md, Mount backends).
+    pub backend: MountBackend,
+    /// Why that backend (recorded in the run record): the project's config.toml, the flag,
+    /// or what `auto` tried.
+    pub backend_reason: String,
+}
+
+/// What serves the project's view inside the sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MountBackend {
+    /// Our FUSE server over the delta (the default).
+    #[default]
+    Fuse,
+    /// Kernel overlayfs: the delta exported into an upper directory at launch and imported
+    /// back at the end (src/sandbox/upperdir.rs).
+    Overlayfs,
+}
+
+impl MountBackend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MountBackend::Fuse => "fuse",
+            MountBackend::Overlayfs => "overlayfs",
+        }
+    }
 }
 
 /// How the user's home appears in the view.

@@ -115,12 +115,13 @@ fn bind_ro(src: &Path, dst: &Path) -> io::Result<()> {
     ns::set_readonly(dst, true, true)
 }
 
-/// Apply `ops` in order. `owner` gets the tmpfs marked owned; `fuse` mounts the project at the
-/// path it is given (and hands the connection to the server).
+/// Apply `ops` in order. `owner` gets the tmpfs marked owned; `project` waits for the
+/// supervisor's go and, on FUSE, mounts the project at the path it is given (and hands the
+/// connection to the server); an overlayfs project is mounted here after the go.
 pub fn apply(
     ops: &[Op],
     owner: (u32, u32),
-    fuse: &mut dyn FnMut(&Path) -> io::Result<()>,
+    project: &mut dyn FnMut(&Path) -> io::Result<()>,
 ) -> Result<(), Failure> {
     for op in ops {
         let dst = new(op.path());
@@ -159,7 +160,10 @@ pub fn apply(
                 make_file(&dst).and_then(|_| ns::bind(&src, &dst))
             }
             Op::Devpts { .. } => make_dir(&dst).and_then(|_| ns::mount_devpts(&dst)),
-            Op::Fuse { .. } => make_dir(&dst).and_then(|_| fuse(&dst)),
+            Op::Fuse { .. } => make_dir(&dst).and_then(|_| project(&dst)),
+            Op::Overlayfs { path, upper, work } => make_dir(&dst)
+                .and_then(|_| project(&dst))
+                .and_then(|_| ns::mount_overlay(&old(path), &old(upper), &old(work), &dst)),
             Op::MaskFile { .. } => bind_ro(Path::new(EMPTY_FILE), &dst),
             Op::MaskDir { .. } => bind_ro(Path::new(EMPTY_DIR), &dst),
             Op::SelfBind { .. } => ns::bind(&dst, &dst),

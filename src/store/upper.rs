@@ -247,6 +247,13 @@ impl UpperWriter<'_> {
         Ok(())
     }
 
+    /// Record what the base held at absolute `path` when the delta changed it (the first
+    /// sighting wins), as a copy-up or whiteout of the server does: `apply` checks it.
+    pub fn seen(&mut self, path: &[u8], st: &libc::stat) -> Result<(), String> {
+        super::overlay::record_seen(self.c, path, &super::overlay::BaseSeen::of_stat(st))
+            .map_err(errno(&String::from_utf8_lossy(path)))
+    }
+
     /// The ctime every restored object gets.
     pub fn now(&self) -> Timespec {
         self.now

@@ -399,6 +399,101 @@ impl Beneath {
         written
     }
 
+    /// Create regular file `rel` (it must not exist) holding `data` with permission bits
+    /// `mode`; not synced (for trees that are a cache of a database, like an overlayfs upper).
+    pub fn create_file(&self, rel: &[u8], data: &[u8], mode: u32) -> io::Result<()> {
+        let (dir, name, _) = self.parent(rel)?;
+        // SAFETY: valid dir fd and NUL-terminated name; O_EXCL|O_NOFOLLOW create a new file.
+        let fd = check(unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        })?;
+        // SAFETY: `fd` was just returned by openat and is owned by nothing else.
+        let mut f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        f.write_all(data)?;
+        // SAFETY: `f` holds a valid open descriptor.
+        check(unsafe { libc::fchmod(f.as_raw_fd(), mode & 0o7777) })?;
+        Ok(())
+    }
+
+    /// Create the special file `rel`: `mode` holds its type (FIFO, socket, device) and bits,
+    /// `rdev` the device in the kernel's 32-bit encoding (0/0 character device: an overlayfs
+    /// whiteout, which the kernel lets any user make).
+    pub fn mknod(&self, rel: &[u8], mode: u32, rdev: u32) -> io::Result<()> {
+        let (dir, name, _) = self.parent(rel)?;
+        let major = (rdev & 0xfff00) >> 8;
+        let minor = (rdev & 0xff) | ((rdev >> 12) & 0xfff00);
+        let dev = libc::makedev(major, minor);
+        // SAFETY: valid dir fd and NUL-terminated name.
+        check(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode, dev) })?;
+        Ok(())
+    }
+
+    /// Give the object at `existing` one more name, `rel` (a hard link; neither followed).
+    pub fn link(&self, existing: &[u8], rel: &[u8]) -> io::Result<()> {
+        let (from_dir, from, _) = self.parent(existing)?;
+        let (dir, name, _) = self.parent(rel)?;
+        // SAFETY: valid dir fds and NUL-terminated names.
+        check(unsafe {
+            libc::linkat(
+                from_dir.as_raw_fd(),
+                from.as_ptr(),
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                0,
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Set extended attribute `name` of `rel` (never through a symlink) to `value`.
+    pub fn set_xattr(&self, rel: &[u8], name: &[u8], value: &[u8]) -> io::Result<()> {
+        let h = self.xattr_handle(rel)?;
+        let name = cstr(name)?;
+        // SAFETY: both strings are NUL-terminated; the value is read for its length only.
+        check(unsafe {
+            libc::setxattr(
+                h.at.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Set the access and modification times of `rel` itself (a symlink is not followed) to
+    /// `sec`.`nsec`.
+    pub fn set_times(&self, rel: &[u8], sec: i64, nsec: u32) -> io::Result<()> {
+        let t = libc::timespec {
+            tv_sec: sec,
+            tv_nsec: i64::from(nsec),
+        };
+        let times = [t, t];
+        if rel.is_empty() {
+            let fd = self.open_at(rel, libc::O_RDONLY | libc::O_DIRECTORY)?;
+            // SAFETY: valid fd; `times` holds two timespecs.
+            check(unsafe { libc::futimens(fd.as_raw_fd(), times.as_ptr()) })?;
+            return Ok(());
+        }
+        let (dir, name, _) = self.parent(rel)?;
+        // SAFETY: valid dir fd, NUL-terminated name; `times` holds two timespecs.
+        check(unsafe {
+            libc::utimensat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                times.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        Ok(())
+    }
+
     /// fsync the directory `rel` ("" for the root).
     pub fn sync_dir(&self, rel: &[u8]) -> io::Result<()> {
         let fd = self.open_at(rel, libc::O_RDONLY | libc::O_DIRECTORY)?;

@@ -215,6 +215,38 @@ pub fn mount_fuse(path: &Path, fd: RawFd, uid: u32, gid: u32, allow_other: bool)
     .map_err(nix_io)
 }
 
+/// Kernel overlayfs at `path`: `lower` read-only under `upper` (changes) with overlayfs'
+/// `work` directory, its own attributes in the `user.overlay.` namespace (`userxattr`, which
+/// a user namespace requires; kernel-notes/overlayfs.md).
+pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, path: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    // Option values escape the separators overlayfs splits on.
+    let esc = |p: &Path| {
+        let mut out = String::new();
+        for c in String::from_utf8_lossy(p.as_os_str().as_bytes()).chars() {
+            if matches!(c, ',' | ':' | '\\') {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out
+    };
+    let data = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        esc(lower),
+        esc(upper),
+        esc(work)
+    );
+    mount(
+        Some("overlay"),
+        path,
+        Some("overlay"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )
+    .map_err(nix_io)
+}
+
 /// Send one descriptor over a Unix socket (SCM_RIGHTS) with a one-byte message.
 pub fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};

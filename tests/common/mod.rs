@@ -429,6 +429,22 @@ impl Drop for DevFuseMode {
     }
 }
 
+/// /dev/fuse left at its default mode for the life of the value, with the lock
+/// [`DevFuseMode::open_up`] takes held, so no test opens it to every user meanwhile.
+pub struct DevFuseClosed(#[allow(dead_code)] fs::File);
+
+impl DevFuseClosed {
+    /// None when the default mode already lets every user read and write it.
+    pub fn hold() -> Option<Self> {
+        let lock = fs::File::create(std::env::temp_dir().join("agentfs-dev-fuse-mode.lock"))
+            .expect("lock file");
+        // SAFETY: flock on an fd owned by `lock`.
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+        let mode = fs::metadata("/dev/fuse").ok()?.permissions().mode();
+        (mode & 0o006 == 0).then_some(DevFuseClosed(lock))
+    }
+}
+
 /// Whether every directory above `p` lets other users through.
 pub fn readable_by_all(p: &Path) -> bool {
     p.ancestors().skip(1).all(|a| {

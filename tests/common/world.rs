@@ -25,6 +25,16 @@ pub struct World {
 
 impl World {
     pub fn new(user: Option<u32>) -> Self {
+        Self::with_fuse(user, true)
+    }
+
+    /// A world whose ordinary user is not given /dev/fuse (hold [`super::DevFuseClosed`] to
+    /// keep other tests from opening it meanwhile).
+    pub fn without_dev_fuse(user: Option<u32>) -> Self {
+        Self::with_fuse(user, false)
+    }
+
+    fn with_fuse(user: Option<u32>, open: bool) -> Self {
         let tmp = tempfile::tempdir_in(scratch_root()).unwrap();
         let base = fs::canonicalize(tmp.path()).unwrap();
         fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
@@ -35,7 +45,7 @@ impl World {
             base,
             home,
             user,
-            _dev_fuse: user.map(|_| super::DevFuseMode::open_up()),
+            _dev_fuse: user.filter(|_| open).map(|_| super::DevFuseMode::open_up()),
         };
         w.own(&w.base.clone());
         w.own(&w.home.clone());
