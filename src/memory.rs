@@ -122,19 +122,20 @@ impl Idle {
     /// (once per idle period). Pending WRITE data is left to the committer. `background`: the
     /// server did work of its own since the last call (an idle vacuum step, which fills the
     /// writer's page cache); the give-back waits until that work has ended, and comes again
-    /// after it when it came before.
-    pub fn tick(&self, served: u64, background: bool, store: &crate::store::Store) {
+    /// after it when it came before. True when it gave memory back now (the caller then has the
+    /// transport threads hand back their buffers' tails).
+    pub fn tick(&self, served: u64, background: bool, store: &crate::store::Store) -> bool {
         let mut last = self.last.lock();
         if last.0 != served {
             *last = (served, std::time::Instant::now(), false);
-            return;
+            return false;
         }
         if background {
             last.2 = false;
-            return;
+            return false;
         }
         if last.2 || last.1.elapsed() < self.after {
-            return;
+            return false;
         }
         last.2 = true;
         let before = crate::sys::memory::rss(None).unwrap_or(0);
@@ -148,6 +149,7 @@ impl Idle {
             before / 1024,
             after / 1024
         );
+        true
     }
 
     /// Where memory goes now.

@@ -238,3 +238,90 @@ fn idle_give_back_follows_the_idle_vacuum() {
     assert_eq!(fs::read(m.path("marker")).unwrap(), b"synced");
     drop(m);
 }
+
+/// The request buffers among `pid`'s anonymous mappings, as (buffers, resident KiB) per
+/// mapping: a mapping exactly `size_kib` large holds one buffer; two buffers mapped side by
+/// side are merged by the kernel into one mapping twice as large. (The buffers are larger than
+/// the allocator's mmap threshold, so each is mapped on its own.)
+fn resident_of_mappings(pid: u32, size_kib: u64) -> Vec<(u64, u64)> {
+    let smaps = fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut out = Vec::new();
+    let mut anon = false;
+    let mut buffers = 0;
+    for line in smaps.lines() {
+        let mut f = line.split_whitespace();
+        match (f.next(), f.next()) {
+            (Some("Size:"), Some(v)) => {
+                let v = v.parse::<u64>().unwrap_or(0);
+                buffers = if anon && (v == size_kib || v == 2 * size_kib) {
+                    v / size_kib
+                } else {
+                    0
+                };
+            }
+            (Some("Rss:"), Some(v)) if buffers > 0 => out.push((buffers, v.parse().unwrap())),
+            (Some(first), _) if first.contains('-') && !first.ends_with(':') => {
+                // A mapping's first line: range, perms, offset, dev, inode and no path.
+                anon = line.split_whitespace().count() == 5;
+                buffers = 0;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A large WRITE fills a transport thread's whole request buffer (max_write); once idle, the
+/// thread hands all but the buffer's head back, so an idle server holds no max_write buffer
+/// per thread.
+#[test]
+fn idle_transport_threads_hand_back_their_buffer_tails() {
+    let test = "idle_transport_threads_hand_back_their_buffer_tails";
+    if !common::fuse_or_skip(test) {
+        return;
+    }
+    let m = Mounted::with_env(&[
+        ("AGENTFS_MEMORY_IDLE_MS", "1000"),
+        ("AGENTFS_FUSE_THREADS", "2"),
+    ]);
+    let pid = m.server_pid();
+    let rec = common::settled_record(pid);
+    // Two threads' buffers of max_write + 64 KiB, each mapped with the allocator's 16-byte
+    // header, rounded up to pages.
+    let buf = rec.memory.transport / 2;
+    let size_kib = (buf + 16).div_ceil(4096) * 4;
+    let head_kib = 128 + 4;
+    let chunk: Vec<u8> = (0..MIB as usize).map(|i| (i % 251) as u8).collect();
+    let mut w = fs::File::create(m.path("big")).unwrap();
+    for _ in 0..32 {
+        w.write_all(&chunk).unwrap();
+    }
+    w.sync_all().unwrap();
+    let busy = resident_of_mappings(pid, size_kib);
+    assert_eq!(
+        busy.iter().map(|&(n, _)| n).sum::<u64>(),
+        2,
+        "two request buffers of {size_kib} KiB expected: {busy:?}"
+    );
+    assert!(
+        busy.iter().any(|&(n, r)| r > n * head_kib),
+        "the large writes left no buffer filled past its head: {busy:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let idle = loop {
+        let now = resident_of_mappings(pid, size_kib);
+        if now.iter().all(|&(n, r)| r <= n * head_kib) || Instant::now() > deadline {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        idle.iter().all(|&(n, r)| r <= n * head_kib),
+        "idle request buffers still resident past their {head_kib} KiB head: {idle:?} KiB"
+    );
+    // The next large write refills a buffer and is intact.
+    fs::write(m.path("again"), &chunk).unwrap();
+    assert_eq!(fs::read(m.path("again")).unwrap(), chunk);
+    assert_eq!(fs::metadata(m.path("big")).unwrap().len(), 32 * MIB);
+    drop(m);
+}

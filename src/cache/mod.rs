@@ -81,7 +81,9 @@ const LISTING_ENTRY: usize = std::mem::size_of::<DirEntry>();
 /// Bytes a cached listing takes.
 fn listing_weight(l: &Listing) -> usize {
     let entries = match l {
-        Listing::Entries(e) => e.iter().map(|e| LISTING_ENTRY + e.name.len()).sum(),
+        Listing::Entries(e) => {
+            e.capacity() * LISTING_ENTRY + e.iter().map(|e| e.name.capacity()).sum::<usize>()
+        }
         Listing::TooBig => 0,
     };
     std::mem::size_of::<(Ino, Arc<Listing>)>() + entries + ENTRY_OVERHEAD

@@ -239,9 +239,12 @@ impl Prepared {
                         stopped.recv_timeout(tick)
                     {
                         let vacuumed = reporter.idle_vacuum(step);
-                        reporter
+                        if reporter
                             .memory
-                            .tick(reporter.served(), vacuumed, &reporter.store);
+                            .tick(reporter.served(), vacuumed, &reporter.store)
+                        {
+                            reporter.chan.release_idle_buffers();
+                        }
                         if register {
                             reporter.write();
                         }
@@ -392,8 +395,9 @@ fn handshake(
 ) -> Result<Handshake, ServerError> {
     let mut buf = vec![0u8; 64 * 1024 + 4096];
     loop {
-        let n = match chan.receive(&mut buf) {
+        let n = match chan.receive(&mut buf, false) {
             Ok(Received::Request(n)) => n,
+            Ok(Received::Interrupted) => continue,
             Ok(Received::Gone) => return Err(ServerError::Handshake("connection closed".into())),
             Err(e) => return Err(ServerError::Handshake(e.to_string())),
         };

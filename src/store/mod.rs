@@ -809,7 +809,10 @@ impl Store {
                     attrs.push(inode::attr(c, &self.config, m)?);
                 }
             }
-            Ok((rows.into_iter().map(|(e, _)| e).collect::<Vec<_>>(), attrs))
+            // Collected in place, the entries would keep the rows' larger allocation.
+            let mut entries: Vec<DirEntry> = rows.into_iter().map(|(e, _)| e).collect();
+            entries.shrink_to_fit();
+            Ok((entries, attrs))
         })?;
         if entries.len() > limit {
             self.caches.put_listing(&t, dir, Arc::new(Listing::TooBig));

@@ -24,6 +24,29 @@ pub fn trim() -> bool {
     unsafe { libc::malloc_trim(0) == 1 }
 }
 
+/// Hand the pages wholly inside `buf` back to the system; reading them afterwards gives
+/// zeros. For a buffer whose contents are no longer needed (a request buffer between
+/// requests), so that one large request does not keep it resident for good.
+pub fn discard(buf: &mut [u8]) {
+    let page = page_size() as usize;
+    let start = buf.as_mut_ptr() as usize;
+    let first = start.div_ceil(page) * page;
+    let end = (start + buf.len()) / page * page;
+    if end <= first {
+        return;
+    }
+    // SAFETY: [first, end) lies inside `buf`, which we borrow mutably, so no other reference
+    // reads it meanwhile; MADV_DONTNEED on private anonymous memory only replaces its pages
+    // with zero-filled ones on the next access.
+    let rc = unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_DONTNEED) };
+    if rc != 0 {
+        tracing::debug!(
+            "madvise(DONTNEED) of a buffer failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// Bytes SQLite holds now, every connection of the process together.
 pub fn sqlite_used() -> u64 {
     // SAFETY: sqlite3_memory_used only reads SQLite's global counter.

@@ -2,7 +2,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::dispatch::shards::{runs_inline, Shards};
@@ -21,6 +21,9 @@ pub struct Channel {
     readers: AtomicUsize,
     /// Of those, the ones running a mutation in place (see [`Channel::spare`]).
     occupied: AtomicUsize,
+    /// Transport threads whose request buffer holds a large request's pages, by thread; a
+    /// thread removes itself before it ends ([`Channel::release_idle_buffers`]).
+    tails: parking_lot::Mutex<Vec<(libc::pthread_t, Arc<AtomicBool>)>>,
 }
 
 /// A transport thread's claim to run one mutation in place; released on drop.
@@ -32,19 +35,86 @@ impl Drop for Spared<'_> {
     }
 }
 
-/// Counts a [`serve_loop`] among the channel's readers while it runs.
-struct Reader<'a>(&'a Channel);
+/// Counts a [`serve_loop`] among the channel's readers while it runs, and tracks whether its
+/// request buffer's tail is resident.
+struct Reader<'a> {
+    chan: &'a Channel,
+    /// Set by [`Channel::release_idle_buffers`]: hand the tail back.
+    release: Arc<AtomicBool>,
+    /// The tail is resident (the thread is listed in the channel's `tails`).
+    tail: bool,
+}
 
 impl<'a> Reader<'a> {
     fn new(chan: &'a Channel) -> Self {
         chan.readers.fetch_add(1, Ordering::AcqRel);
-        Reader(chan)
+        crate::sys::signals::install_wake();
+        crate::sys::signals::block_wake(true);
+        Reader {
+            chan,
+            release: Arc::new(AtomicBool::new(false)),
+            tail: false,
+        }
+    }
+
+    /// The request just read was `n` bytes: past the buffer's head, its tail is resident.
+    fn filled(&mut self, n: usize) {
+        if n > KEEP_RESIDENT && !self.tail {
+            self.tail = true;
+            self.release.store(false, Ordering::Release);
+            let me = crate::sys::signals::this_thread();
+            self.chan.tails.lock().push((me, self.release.clone()));
+        }
+    }
+
+    /// Hand the buffer's tail back when the channel asked for it.
+    fn maybe_release(&mut self, buf: &mut [u8]) {
+        if self.tail && self.release.load(Ordering::Acquire) {
+            if let Some(tail) = buf.get_mut(KEEP_RESIDENT..) {
+                crate::sys::memory::discard(tail);
+            }
+            self.unlist();
+        }
+    }
+
+    fn unlist(&mut self) {
+        if self.tail {
+            self.tail = false;
+            self.chan
+                .tails
+                .lock()
+                .retain(|(_, r)| !Arc::ptr_eq(r, &self.release));
+        }
+    }
+
+    /// Read the next request. With a resident tail the read may be interrupted by
+    /// [`Channel::release_idle_buffers`] (the wake signal is unblocked only around it), and
+    /// then the tail is handed back and the read starts again.
+    fn receive(&mut self, buf: &mut [u8]) -> io::Result<Received> {
+        loop {
+            self.maybe_release(buf);
+            if !self.tail {
+                return self.chan.receive(buf, false);
+            }
+            crate::sys::signals::block_wake(false);
+            let got = if self.release.load(Ordering::Acquire) {
+                Ok(Received::Interrupted)
+            } else {
+                self.chan.receive(buf, true)
+            };
+            crate::sys::signals::block_wake(true);
+            match got {
+                Ok(Received::Interrupted) => continue,
+                other => return other,
+            }
+        }
     }
 }
 
 impl Drop for Reader<'_> {
     fn drop(&mut self) {
-        self.0.readers.fetch_sub(1, Ordering::AcqRel);
+        self.unlist();
+        self.chan.readers.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -54,6 +124,8 @@ pub enum Received {
     Request(usize),
     /// The filesystem was unmounted or the connection aborted.
     Gone,
+    /// An interruptible read was interrupted by a signal.
+    Interrupted,
 }
 
 impl Channel {
@@ -64,6 +136,7 @@ impl Channel {
             unanswered: AtomicU64::new(0),
             readers: AtomicUsize::new(0),
             occupied: AtomicUsize::new(0),
+            tails: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
@@ -86,9 +159,9 @@ impl Channel {
         }
     }
 
-    /// Read one request. Retries on EINTR/EAGAIN and on ENOENT (a request interrupted before
-    /// we read it).
-    pub fn receive(&self, buf: &mut [u8]) -> io::Result<Received> {
+    /// Read one request. Retries on EAGAIN and on ENOENT (a request interrupted before we read
+    /// it), and on EINTR unless `interruptible`.
+    pub fn receive(&self, buf: &mut [u8], interruptible: bool) -> io::Result<Received> {
         loop {
             // SAFETY: `buf` is valid for writes of buf.len() bytes; the fd is open.
             let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -97,10 +170,22 @@ impl Channel {
             }
             let err = io::Error::last_os_error();
             match err.raw_os_error() {
+                Some(libc::EINTR) if interruptible => return Ok(Received::Interrupted),
                 Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::ENOENT) => continue,
                 Some(libc::ENODEV) | Some(libc::ECONNABORTED) => return Ok(Received::Gone),
                 _ => return Err(err),
             }
+        }
+    }
+
+    /// Ask every transport thread whose request buffer holds a large request's pages to hand
+    /// them back (called when the server has been idle): each is woken from its read, drops
+    /// the pages past the buffer's head and reads again.
+    pub fn release_idle_buffers(&self) {
+        let tails = self.tails.lock();
+        for (thread, release) in tails.iter() {
+            release.store(true, Ordering::Release);
+            crate::sys::signals::wake(*thread);
         }
     }
 
@@ -174,6 +259,10 @@ fn deliver(chan: &Channel, unique: u64, reply: &Reply) {
     }
 }
 
+/// The head of a transport thread's request buffer that stays resident: every request but a
+/// large WRITE fits in it.
+const KEEP_RESIDENT: usize = 128 * 1024;
+
 /// Decode, handle and answer one whole request.
 fn answer(chan: &Channel, dispatcher: &Dispatcher, msg: &[u8]) {
     if let Some((unique, reply)) = handle(dispatcher, msg) {
@@ -185,23 +274,28 @@ fn answer(chan: &Channel, dispatcher: &Dispatcher, msg: &[u8]) {
 /// reads a request and answers it itself when it only reads, or when another thread can be
 /// spared to read the next one ([`Channel::spare`]) and the shard of its inode is free;
 /// otherwise the shard's worker does.
+///
+/// A request larger than [`KEEP_RESIDENT`] (a large WRITE) leaves the buffer's tail resident
+/// until the server has been idle ([`Channel::release_idle_buffers`]), so an idle server does
+/// not hold a max_write buffer per thread.
 pub fn serve_loop(
     chan: &Arc<Channel>,
     shards: &Arc<Shards>,
     dispatcher: &Dispatcher,
     buf_size: usize,
 ) {
-    let _reader = Reader::new(chan);
+    let mut reader = Reader::new(chan);
     let mut buf = vec![0u8; buf_size];
     loop {
-        let n = match chan.receive(&mut buf) {
+        let n = match reader.receive(&mut buf) {
             Ok(Received::Request(n)) => n,
-            Ok(Received::Gone) => return,
+            Ok(Received::Gone) | Ok(Received::Interrupted) => return,
             Err(e) => {
                 tracing::error!("reading /dev/fuse failed: {e}");
                 return;
             }
         };
+        reader.filled(n);
         let msg = &buf[..n];
         let key = match protocol::decode(msg) {
             Ok(req) if runs_inline(req.header.opcode) => {
