@@ -39,6 +39,7 @@ fn check(m: &Mounted, ring: bool, what: &str) {
         "{what}: {STATS} stats counted as {served} requests ({after:?})"
     );
     assert_eq!(other, 0, "{what}: requests counted on the other transport");
+    status_json_agrees(&after, what);
 
     fs::create_dir(m.path("many")).unwrap();
     for i in 0..100 {
@@ -57,6 +58,50 @@ fn check(m: &Mounted, ring: bool, what: &str) {
             d, 0,
             "{what}: FORGETs counted as answered /dev/fuse requests"
         );
+    }
+}
+
+/// `status --json` reports the server's counters and memory as its record has them: each
+/// counter between the record before the call and the one after (the call itself may look at
+/// the mount), the memory breakdown in bytes within the default budget.
+fn status_json_agrees(before: &ServerRecord, what: &str) {
+    let out = common::agentfs(&["status", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let after = common::settled_record(before.pid);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mounts = v["mounts"].as_array().expect("mounts");
+    let m = mounts
+        .iter()
+        .find(|m| m["pid"] == before.pid)
+        .unwrap_or_else(|| panic!("{what}: server {} not in {v}", before.pid));
+    let r = &m["requests"];
+    for (key, lo, hi) in [
+        ("ring", before.ring_requests, after.ring_requests),
+        ("devfuse", before.devfuse_requests, after.devfuse_requests),
+        ("forgets", before.forgets, after.forgets),
+        ("worker", before.worker_requests, after.worker_requests),
+    ] {
+        let n = r[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{what}: requests.{key} in {m}"));
+        assert!(
+            (lo..=hi).contains(&n),
+            "{what}: requests.{key} {n}, record {lo}..={hi}"
+        );
+    }
+    let mem = &m["memory"];
+    let budget = 64 << 20;
+    assert_eq!(mem["budget"], budget, "{what}: {mem}");
+    assert!(mem["rss"].as_u64().unwrap() > 0, "{what}: {mem}");
+    assert!(
+        mem["request_buffers"].as_u64().unwrap() > 0,
+        "{what}: {mem}"
+    );
+    for key in ["sqlite", "caches", "write_batches", "request_buffers"] {
+        let n = mem[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{what}: memory.{key} in {mem}"));
+        assert!(n <= budget, "{what}: memory.{key} {n} beyond the budget");
     }
 }
 

@@ -292,6 +292,13 @@ fn mounts_json(all: bool) -> Vec<Value> {
                 "db": s.db,
                 "log": s.log,
                 "lost": s.lost,
+                "requests": {
+                    "ring": s.ring_requests,
+                    "devfuse": s.devfuse_requests,
+                    "forgets": s.forgets,
+                    "worker": s.worker_requests,
+                },
+                "memory": memory_json(&s.memory),
             })
         })
         .collect();
@@ -371,6 +378,22 @@ fn print_mounts(all: bool) {
             m.mount_point.display()
         );
     }
+}
+
+/// The server's resident memory and the budget's breakdown by consumer, in bytes (null before
+/// the server first measured them).
+fn memory_json(m: &crate::memory::Usage) -> Value {
+    if m.budget == 0 {
+        return Value::Null;
+    }
+    json!({
+        "rss": m.rss,
+        "budget": m.budget,
+        "sqlite": m.sqlite,
+        "caches": m.caches,
+        "write_batches": m.batch,
+        "request_buffers": m.transport,
+    })
 }
 
 /// The server's resident memory and the budget's breakdown by consumer, in MiB.
