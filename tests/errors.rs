@@ -241,6 +241,77 @@ fn capacity_exhausted() {
     failed(&o, 1, "capacity_exhausted");
 }
 
+/// A knob whose value does not parse or lies outside its range is `config_invalid` with detail
+/// `bad_knob` on every verb, exit 2 (125 for the verbs that launch a sandbox), before the verb
+/// does anything; the text form names `bad_knob` too.
+fn bad_knobs(user: Option<u32>) {
+    let w = World::new(user);
+    let src = w.source("proj");
+    assert!(w.af(&["init", "p", "--source", s(&src)]).status.success());
+    let dir = w.root().join("p");
+    let db = dir.join("delta.db");
+    let mnt = w.base.join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    w.own(&mnt);
+    let _unmount = common::UnmountOnDrop(mnt.clone());
+    let log = || w.af(&["log", "p", "--json"]).stdout;
+    let before = log();
+    let other = w.source("other");
+    let new_db = w.base.join("new.db");
+    let verbs: &[(&[&str], i32)] = &[
+        (&["status"], 2),
+        (&["init", "q", "--source", s(&other)], 2),
+        (&["mount", "p", s(&mnt)], 2),
+        (&["mount", s(&new_db), s(&mnt)], 2),
+        (&["umount", s(&mnt)], 2),
+        (&["fs", s(&db), "ls", "/"], 2),
+        (&["diff", "--project", "p"], 2),
+        (&["snap", "p"], 2),
+        (&["log", "p"], 2),
+        (&["integrity", s(&db)], 2),
+        (&["recover"], 2),
+        (&["knobs"], 2),
+        (&["run", "p", "--", "true"], 125),
+        (&["exec", "p", "--", "true"], 125),
+        (&["quick", s(&src), "--", "true"], 125),
+    ];
+    for (knob, value) in [
+        ("AGENTFS_MEMORY_BUDGET_MIB", "abc"),
+        ("AGENTFS_FUSE_THREADS", "0"),
+        ("AGENTFS_FUSE_READDIRPLUS", "maybe"),
+    ] {
+        for (args, status) in verbs {
+            let mut all = vec!["--json"];
+            all.extend_from_slice(args);
+            let o = w.command(&bin(), &all).env(knob, value).output().unwrap();
+            let e = failed_with(&o, *status, "config_invalid", "bad_knob");
+            assert!(
+                e["message"].as_str().unwrap().contains(knob),
+                "{args:?}: {e}"
+            );
+            let o = w.command(&bin(), args).env(knob, value).output().unwrap();
+            common::world::refused(&o, *status, "bad_knob");
+        }
+    }
+    // Nothing was made, mounted or snapshotted.
+    assert!(!w.root().join("q").exists());
+    assert!(!new_db.exists());
+    assert!(!common::is_mounted(&mnt));
+    assert_eq!(log(), before);
+}
+
+#[test]
+fn bad_knobs_as_root() {
+    bad_knobs(None);
+}
+
+#[test]
+fn bad_knobs_as_user() {
+    if user_can_run("bad_knobs_as_user") {
+        bad_knobs(Some(USER));
+    }
+}
+
 /// Fine codes of projects, their configuration, their history and their databases.
 #[test]
 fn project_and_history_codes() {
