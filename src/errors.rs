@@ -95,6 +95,7 @@ codes! {
     MountInsideSource = "mount_inside_source", MountPointConflict;
     UnknownRef = "unknown_ref", NotFound;
     NothingToUndo = "nothing_to_undo", NotFound;
+    Pruned = "pruned", NotFound;
     AmbiguousRef = "ambiguous_ref", Usage;
     BadTag = "bad_tag", Usage;
     TagExists = "tag_exists", Exists;

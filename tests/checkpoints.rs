@@ -287,9 +287,12 @@ fn retention_prunes_old_checkpoints_and_gc_drops_only_their_objects() {
     assert_eq!(kept + pruned.len(), 9);
     assert!(cps[..4].iter().all(|c| c["pruned"] == false), "{log}");
     let gone = pruned[0]["commit"].as_str().unwrap();
-    let o = r.w.af(&["restore", "p", gone]);
-    assert!(!o.status.success());
-    assert!(err(&o).contains("pruned"), "{}", err(&o));
+    failed_with(
+        &r.w.af(&["--json", "restore", "p", gone]),
+        2,
+        "not_found",
+        "pruned",
+    );
     // gc: the dry run and the real run agree, and the store stays sound.
     let dry = r.json(&["gc", "p", "--dry-run"]);
     assert!(dry["count"].as_u64().unwrap() >= 1, "{dry}");

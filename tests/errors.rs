@@ -817,6 +817,73 @@ fn store_findings_as_user() {
     }
 }
 
+/// A checkpoint retention pruned keeps its commit but not its state: restoring it, diffing it
+/// or promoting it is `not_found` with detail `pruned` (exit 2), as root and as an ordinary
+/// user. Five checkpoints through the library, then the retention with KEEP=1 (HEAD, its
+/// parent and the newest other one stay).
+fn pruned_checkpoint(user: Option<u32>) {
+    use agentfs::history::object::{hex, CommitKind};
+    use agentfs::history::{History, Ignore, SnapOptions};
+    let w = World::new(user);
+    let src = w.source("proj");
+    let dir = project_with_snapshots(&w, "p", &src, &[]);
+    let ignore = Ignore::default();
+    let mut h = History::open(&dir.join("store")).unwrap();
+    for i in 0..5 {
+        let message = format!("checkpoint {i}");
+        let o = SnapOptions {
+            kind: CommitKind::Checkpoint,
+            ..SnapOptions::manual(&message, &ignore)
+        };
+        h.snapshot(&dir.join("delta.db"), &o).unwrap();
+    }
+    let gone = h.prune_checkpoints(1).unwrap();
+    drop(h);
+    // What the library wrote as root goes back to the world's user.
+    for d in [dir.clone(), dir.join("store")] {
+        for e in fs::read_dir(d).unwrap() {
+            w.own(&e.unwrap().path());
+        }
+    }
+    let gone = hex(gone.first().expect("a checkpoint was pruned"));
+    let o = w.af(&["log", "p", "--json"]);
+    let log: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", common::world::err(&o)));
+    assert!(
+        log.as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["commit"] == gone.as_str() && c["pruned"] == true),
+        "{log}"
+    );
+    for args in [
+        vec!["restore", "p", &gone],
+        vec!["diff", "p", &gone, "HEAD"],
+        vec!["apply", "p", "--from", &gone],
+    ] {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(&args);
+        let e = failed_with(&w.af(&all), 2, "not_found", "pruned");
+        assert!(e["message"].as_str().unwrap().contains(&gone[..12]), "{e}");
+        common::world::refused(&w.af(&args), 2, "pruned");
+    }
+    // The kept ones still restore.
+    let o = w.af(&["restore", "p", "HEAD~1"]);
+    assert!(o.status.success(), "{}", common::world::err(&o));
+}
+
+#[test]
+fn pruned_checkpoint_as_root() {
+    pruned_checkpoint(None);
+}
+
+#[test]
+fn pruned_checkpoint_as_user() {
+    if user_can_run("pruned_checkpoint_as_user") {
+        pruned_checkpoint(Some(USER));
+    }
+}
+
 /// A 4-digit prefix two commits share names neither: snapshots (through the library, each
 /// with its own message) until two commits share one, then the CLI is asked for it.
 #[test]
