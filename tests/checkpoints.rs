@@ -409,7 +409,8 @@ fn an_ordinary_user_without_a_cgroup_gets_unfrozen_or_refused_runs() {
     let lines: Vec<&str> = e.lines().collect();
     assert_eq!(lines.len(), 2, "{e}");
     assert!(
-        lines[0].starts_with("agentfs: checkpoints of this run are not frozen"),
+        lines[0]
+            .starts_with("agentfs: freezer_unavailable: checkpoints of this run are not frozen"),
         "{e}"
     );
     assert_eq!(lines[1], "started", "{e}");
