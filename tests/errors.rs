@@ -884,6 +884,77 @@ fn pruned_checkpoint_as_user() {
     }
 }
 
+/// A tmpfs mounted by the test, unmounted when dropped (also when the test fails).
+struct Tmpfs(std::path::PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The snapshot store on a full disk: a snapshot whose objects do not fit fails with
+/// `capacity_exhausted` (an SQLite error of the store, once reported as `other`), and HEAD
+/// stays where it was; as root and as an ordinary user (root mounts the tmpfs for them).
+fn full_history_store(user: Option<u32>) {
+    if !agentfs::sys::ids::is_root() {
+        eprintln!("SKIP full_history_store: mounting a tmpfs needs root");
+        return;
+    }
+    let w = World::new(user);
+    let src = w.source("proj");
+    let dir = project_with_snapshots(&w, "p", &src, &[]);
+    let store = dir.join("store");
+    fs::create_dir_all(&store).unwrap();
+    let owner = user.unwrap_or(0);
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o"])
+        .arg(format!("size=1m,mode=0755,uid={owner},gid={owner}"))
+        .arg("tmpfs")
+        .arg(&store)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let _tmpfs = Tmpfs(store.clone());
+    // 3 MiB that zstd cannot shrink (xorshift bytes) into the delta.
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    let bytes: Vec<u8> = (0..3 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let mut c = w
+        .command(&bin(), &["fs", s(&dir.join("delta.db")), "write", "/big"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        c.stdin.take().unwrap().write_all(&bytes).unwrap();
+    }
+    assert!(c.wait().unwrap().success());
+    let log = || w.af(&["log", "p", "--json"]).stdout;
+    let before = log();
+    let e = failed(&w.af(&["--json", "snap", "p"]), 1, "capacity_exhausted");
+    assert!(e["message"].as_str().unwrap().contains("full"), "{e}");
+    assert_eq!(log(), before);
+}
+
+#[test]
+fn full_history_store_as_root() {
+    full_history_store(None);
+}
+
+#[test]
+fn full_history_store_as_user() {
+    if user_can_run("full_history_store_as_user") {
+        full_history_store(Some(USER));
+    }
+}
+
 /// A 4-digit prefix two commits share names neither: snapshots (through the library, each
 /// with its own message) until two commits share one, then the CLI is asked for it.
 #[test]
