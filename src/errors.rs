@@ -95,6 +95,7 @@ codes! {
     MountInsideSource = "mount_inside_source", MountPointConflict;
     UnknownRef = "unknown_ref", NotFound;
     NothingToUndo = "nothing_to_undo", NotFound;
+    Pruned = "pruned", NotFound;
     AmbiguousRef = "ambiguous_ref", Usage;
     BadTag = "bad_tag", Usage;
     TagExists = "tag_exists", Exists;
@@ -185,6 +186,64 @@ impl Code {
             _ => Code::Io,
         }
     }
+}
+
+/// Whether failures and warnings are printed as JSON objects (`--json` on the command line)
+/// rather than `agentfs: CODE: MESSAGE` lines.
+static JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Print failures and warnings as JSON objects from now on (or as lines again).
+pub fn set_json(on: bool) {
+    JSON.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether failures and warnings are printed as JSON objects.
+pub fn json() -> bool {
+    JSON.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The body of an error or warning object: `{"code", "detail", "message", "path"}`, the code
+/// being `code`'s class and the detail `code` itself when it is finer (docs/harness.md).
+pub fn object(code: Code, message: &str, path: Option<&std::path::Path>) -> serde_json::Value {
+    let class = code.class();
+    let path = path.map(|p| crate::delta::escaped(p.as_os_str().as_encoded_bytes()));
+    serde_json::json!({
+        "code": class.as_str(),
+        "detail": (class != code).then(|| code.as_str()),
+        "message": message,
+        "path": path,
+    })
+}
+
+/// The line a failure (`kind` "error") or a warning ("warning") is printed as: with `--json`
+/// the object `{KIND: {"code", "detail", "message", "path"}}`, else `agentfs: CODE: MESSAGE`
+/// (`agentfs: MESSAGE` for code `other`).
+pub fn line(kind: &str, code: Code, message: &str, path: Option<&std::path::Path>) -> String {
+    if json() {
+        serde_json::json!({ kind: object(code, message, path) }).to_string()
+    } else if code == Code::Other {
+        format!("agentfs: {message}")
+    } else {
+        format!("agentfs: {code}: {message}")
+    }
+}
+
+/// Say on standard error that something went wrong without failing the command: one line,
+/// a JSON warning object under `--json`.
+pub fn warn(code: Code, message: &str, path: Option<&std::path::Path>) {
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
+        "{}",
+        line("warning", code, message, path)
+    );
+}
+
+/// The code a message carried as `CODE: MESSAGE` starts with (how code that passes strings
+/// keeps a failure's code), and the rest; `None` when it names no code.
+pub fn split(message: &str) -> Option<(Code, &str)> {
+    let (name, rest) = message.split_once(": ")?;
+    Some((Code::named(name)?, rest))
 }
 
 impl std::fmt::Display for Code {

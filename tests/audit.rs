@@ -99,6 +99,34 @@ fn read_only_policy(w: &World) {
         )),
         "{text}"
     );
+    // With --json the run's word on stderr is a warning object naming the audit log.
+    let o = w.af(&[
+        "--json",
+        "run",
+        "ro",
+        "--policy",
+        "read-only",
+        "--",
+        "sh",
+        "-c",
+        "{ echo x > new; } 2>/dev/null; true",
+    ]);
+    started(&o);
+    // (An ordinary user without a cgroup is also warned that checkpoints run unfrozen.)
+    let warned: Vec<Value> = common::world::warnings(&o)
+        .into_iter()
+        .filter(|w| w["code"] == "escape_attempt")
+        .collect();
+    assert_eq!(warned.len(), 1, "{}", err(&o));
+    assert!(
+        warned[0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("1 change(s) outside the writable set refused"),
+        "{warned:?}"
+    );
+    let log = w.root().join("ro/audit/events.ndjson");
+    assert_eq!(warned[0]["path"], log.to_str().unwrap(), "{warned:?}");
 }
 
 #[test]

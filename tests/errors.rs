@@ -241,6 +241,77 @@ fn capacity_exhausted() {
     failed(&o, 1, "capacity_exhausted");
 }
 
+/// A knob whose value does not parse or lies outside its range is `config_invalid` with detail
+/// `bad_knob` on every verb, exit 2 (125 for the verbs that launch a sandbox), before the verb
+/// does anything; the text form names `bad_knob` too.
+fn bad_knobs(user: Option<u32>) {
+    let w = World::new(user);
+    let src = w.source("proj");
+    assert!(w.af(&["init", "p", "--source", s(&src)]).status.success());
+    let dir = w.root().join("p");
+    let db = dir.join("delta.db");
+    let mnt = w.base.join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    w.own(&mnt);
+    let _unmount = common::UnmountOnDrop(mnt.clone());
+    let log = || w.af(&["log", "p", "--json"]).stdout;
+    let before = log();
+    let other = w.source("other");
+    let new_db = w.base.join("new.db");
+    let verbs: &[(&[&str], i32)] = &[
+        (&["status"], 2),
+        (&["init", "q", "--source", s(&other)], 2),
+        (&["mount", "p", s(&mnt)], 2),
+        (&["mount", s(&new_db), s(&mnt)], 2),
+        (&["umount", s(&mnt)], 2),
+        (&["fs", s(&db), "ls", "/"], 2),
+        (&["diff", "--project", "p"], 2),
+        (&["snap", "p"], 2),
+        (&["log", "p"], 2),
+        (&["integrity", s(&db)], 2),
+        (&["recover"], 2),
+        (&["knobs"], 2),
+        (&["run", "p", "--", "true"], 125),
+        (&["exec", "p", "--", "true"], 125),
+        (&["quick", s(&src), "--", "true"], 125),
+    ];
+    for (knob, value) in [
+        ("AGENTFS_MEMORY_BUDGET_MIB", "abc"),
+        ("AGENTFS_FUSE_THREADS", "0"),
+        ("AGENTFS_FUSE_READDIRPLUS", "maybe"),
+    ] {
+        for (args, status) in verbs {
+            let mut all = vec!["--json"];
+            all.extend_from_slice(args);
+            let o = w.command(&bin(), &all).env(knob, value).output().unwrap();
+            let e = failed_with(&o, *status, "config_invalid", "bad_knob");
+            assert!(
+                e["message"].as_str().unwrap().contains(knob),
+                "{args:?}: {e}"
+            );
+            let o = w.command(&bin(), args).env(knob, value).output().unwrap();
+            common::world::refused(&o, *status, "bad_knob");
+        }
+    }
+    // Nothing was made, mounted or snapshotted.
+    assert!(!w.root().join("q").exists());
+    assert!(!new_db.exists());
+    assert!(!common::is_mounted(&mnt));
+    assert_eq!(log(), before);
+}
+
+#[test]
+fn bad_knobs_as_root() {
+    bad_knobs(None);
+}
+
+#[test]
+fn bad_knobs_as_user() {
+    if user_can_run("bad_knobs_as_user") {
+        bad_knobs(Some(USER));
+    }
+}
+
 /// Fine codes of projects, their configuration, their history and their databases.
 #[test]
 fn project_and_history_codes() {
@@ -743,6 +814,144 @@ fn store_findings_as_root() {
 fn store_findings_as_user() {
     if user_can_run("store_findings_as_user") {
         store_findings(Some(USER));
+    }
+}
+
+/// A checkpoint retention pruned keeps its commit but not its state: restoring it, diffing it
+/// or promoting it is `not_found` with detail `pruned` (exit 2), as root and as an ordinary
+/// user. Five checkpoints through the library, then the retention with KEEP=1 (HEAD, its
+/// parent and the newest other one stay).
+fn pruned_checkpoint(user: Option<u32>) {
+    use agentfs::history::object::{hex, CommitKind};
+    use agentfs::history::{History, Ignore, SnapOptions};
+    let w = World::new(user);
+    let src = w.source("proj");
+    let dir = project_with_snapshots(&w, "p", &src, &[]);
+    let ignore = Ignore::default();
+    let mut h = History::open(&dir.join("store")).unwrap();
+    for i in 0..5 {
+        let message = format!("checkpoint {i}");
+        let o = SnapOptions {
+            kind: CommitKind::Checkpoint,
+            ..SnapOptions::manual(&message, &ignore)
+        };
+        h.snapshot(&dir.join("delta.db"), &o).unwrap();
+    }
+    let gone = h.prune_checkpoints(1).unwrap();
+    drop(h);
+    // What the library wrote as root goes back to the world's user.
+    for d in [dir.clone(), dir.join("store")] {
+        for e in fs::read_dir(d).unwrap() {
+            w.own(&e.unwrap().path());
+        }
+    }
+    let gone = hex(gone.first().expect("a checkpoint was pruned"));
+    let o = w.af(&["log", "p", "--json"]);
+    let log: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", common::world::err(&o)));
+    assert!(
+        log.as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["commit"] == gone.as_str() && c["pruned"] == true),
+        "{log}"
+    );
+    for args in [
+        vec!["restore", "p", &gone],
+        vec!["diff", "p", &gone, "HEAD"],
+        vec!["apply", "p", "--from", &gone],
+    ] {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(&args);
+        let e = failed_with(&w.af(&all), 2, "not_found", "pruned");
+        assert!(e["message"].as_str().unwrap().contains(&gone[..12]), "{e}");
+        common::world::refused(&w.af(&args), 2, "pruned");
+    }
+    // The kept ones still restore.
+    let o = w.af(&["restore", "p", "HEAD~1"]);
+    assert!(o.status.success(), "{}", common::world::err(&o));
+}
+
+#[test]
+fn pruned_checkpoint_as_root() {
+    pruned_checkpoint(None);
+}
+
+#[test]
+fn pruned_checkpoint_as_user() {
+    if user_can_run("pruned_checkpoint_as_user") {
+        pruned_checkpoint(Some(USER));
+    }
+}
+
+/// A tmpfs mounted by the test, unmounted when dropped (also when the test fails).
+struct Tmpfs(std::path::PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The snapshot store on a full disk: a snapshot whose objects do not fit fails with
+/// `capacity_exhausted` (an SQLite error of the store, once reported as `other`), and HEAD
+/// stays where it was; as root and as an ordinary user (root mounts the tmpfs for them).
+fn full_history_store(user: Option<u32>) {
+    if !agentfs::sys::ids::is_root() {
+        eprintln!("SKIP full_history_store: mounting a tmpfs needs root");
+        return;
+    }
+    let w = World::new(user);
+    let src = w.source("proj");
+    let dir = project_with_snapshots(&w, "p", &src, &[]);
+    let store = dir.join("store");
+    fs::create_dir_all(&store).unwrap();
+    let owner = user.unwrap_or(0);
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o"])
+        .arg(format!("size=1m,mode=0755,uid={owner},gid={owner}"))
+        .arg("tmpfs")
+        .arg(&store)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let _tmpfs = Tmpfs(store.clone());
+    // 3 MiB that zstd cannot shrink (xorshift bytes) into the delta.
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    let bytes: Vec<u8> = (0..3 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let mut c = w
+        .command(&bin(), &["fs", s(&dir.join("delta.db")), "write", "/big"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        c.stdin.take().unwrap().write_all(&bytes).unwrap();
+    }
+    assert!(c.wait().unwrap().success());
+    let log = || w.af(&["log", "p", "--json"]).stdout;
+    let before = log();
+    let e = failed(&w.af(&["--json", "snap", "p"]), 1, "capacity_exhausted");
+    assert!(e["message"].as_str().unwrap().contains("full"), "{e}");
+    assert_eq!(log(), before);
+}
+
+#[test]
+fn full_history_store_as_root() {
+    full_history_store(None);
+}
+
+#[test]
+fn full_history_store_as_user() {
+    if user_can_run("full_history_store_as_user") {
+        full_history_store(Some(USER));
     }
 }
 

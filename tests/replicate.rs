@@ -1066,9 +1066,10 @@ fn a_last_pass_that_cannot_finish_fails_replicate() {
     assert!(!String::from_utf8_lossy(&o.stdout).contains("up to date"));
 }
 
-/// A replicated sandbox whose S3 server is gone before its command ends: `run` still exits
-/// with the command's status, says `replica_behind` on standard error, and its run record (and
-/// `status --json`'s last run) records the failed last pass instead of `caught up`.
+/// A replicated sandbox whose S3 server is gone before its command ends: `run --json` still
+/// exits with the command's status, says `replica_behind` on standard error as a JSON warning
+/// object, and its run record (and `status --json`'s last run) records the failed last pass
+/// instead of `caught up`.
 fn sandbox_replica_behind(user: Option<u32>) {
     let w = World::new(user);
     let mut s3 = S3::start();
@@ -1119,7 +1120,20 @@ fn sandbox_replica_behind(user: Option<u32>) {
     }
     let o = run.wait_with_output().unwrap();
     assert_eq!(st.expect("run ended").code(), Some(3), "{}", err(&o));
-    assert!(err(&o).contains("agentfs: replica_behind: "), "{}", err(&o));
+    // Under --json every line of ours on stderr is JSON: the warning is an object.
+    let behind: Vec<Value> = common::world::warnings(&o)
+        .into_iter()
+        .filter(|w| w["detail"] == "replica_behind")
+        .collect();
+    assert_eq!(behind.len(), 1, "{}", err(&o));
+    assert_eq!(behind[0]["code"], "io", "{behind:?}");
+    assert!(
+        behind[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the replica may miss the newest changes"),
+        "{behind:?}"
+    );
     let ended = |rec: &Value| {
         rec["replication"]["ended"]
             .as_str()

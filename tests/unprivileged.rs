@@ -117,6 +117,24 @@ fn an_ordinary_user_mounts_through_fusermount3() {
     let read = as_user("cat", &[mnt.join("f").to_str().unwrap()]);
     assert_eq!(read.stdout, b"hello\n");
     assert!(as_user(bin_s, &["umount", mnt_s]).status.success());
+    // With --json the note is a warning object, as every line of ours on stderr.
+    let out = as_user(bin_s, &["--json", "mount", db_s, mnt_s]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let warned = common::world::warnings(&out);
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0]["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("mounting it read-only"),
+        "{warned:?}"
+    );
+    assert_eq!(warned[0]["path"], db_s, "{warned:?}");
+    assert!(as_user(bin_s, &["umount", mnt_s]).status.success());
     common::force_cleanup(&mnt);
     common::assert_consistent(&db);
 }

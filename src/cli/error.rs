@@ -3,16 +3,9 @@
 //! with `--json` one object `{"error":{"code","detail","message","path"}}`.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 
+pub(crate) use crate::errors::set_json;
 pub use crate::errors::Code;
-
-/// Whether errors are printed as JSON (`--json` on the command line).
-static JSON: AtomicBool = AtomicBool::new(false);
-
-pub(crate) fn set_json(on: bool) {
-    JSON.store(on, Ordering::Relaxed);
-}
 
 /// A failed command.
 #[derive(Debug, thiserror::Error)]
@@ -51,30 +44,14 @@ impl CliError {
 
     /// The JSON error object.
     pub fn json(&self) -> serde_json::Value {
-        let class = self.code.class();
-        let path = self
-            .path
-            .as_ref()
-            .map(|p| crate::delta::escaped(p.as_os_str().as_encoded_bytes()));
-        serde_json::json!({"error": {
-            "code": class.as_str(),
-            "detail": (class != self.code).then(|| self.code.as_str()),
-            "message": self.message,
-            "path": path,
-        }})
+        serde_json::json!({"error": crate::errors::object(self.code, &self.message, self.path.as_deref())})
     }
 }
 
 /// Print `e` the way the command line asked and return its exit status.
 pub fn report(e: &CliError) -> i32 {
     use std::io::Write as _;
-    let line = if JSON.load(Ordering::Relaxed) {
-        e.json().to_string()
-    } else if e.code == Code::Other {
-        format!("agentfs: {}", e.message)
-    } else {
-        format!("agentfs: {}: {}", e.code, e.message)
-    };
+    let line = crate::errors::line("error", e.code, &e.message, e.path.as_deref());
     let _ = writeln!(std::io::stderr(), "{line}");
     e.status()
 }
@@ -83,18 +60,23 @@ pub fn report(e: &CliError) -> i32 {
 /// name (as errors carried through code that passes strings are written), else code `other`.
 impl From<String> for CliError {
     fn from(message: String) -> Self {
-        if let Some((name, rest)) = message.split_once(": ") {
-            if let Some(code) = Code::named(name) {
-                return CliError::new(code, rest);
-            }
+        match crate::errors::split(&message) {
+            Some((code, rest)) => CliError::new(code, rest),
+            None => CliError::new(Code::Other, message),
         }
-        CliError::new(Code::Other, message)
     }
 }
 
 impl From<&str> for CliError {
     fn from(message: &str) -> Self {
         CliError::from(message.to_string())
+    }
+}
+
+/// A knob with a value that does not parse or lies outside its range, on any verb.
+impl From<crate::knobs::KnobError> for CliError {
+    fn from(e: crate::knobs::KnobError) -> Self {
+        CliError::new(Code::BadKnob, e.to_string())
     }
 }
 

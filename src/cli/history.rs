@@ -125,7 +125,7 @@ fn offline(dir: &Path, delta: &Path) -> Result<crate::sys::lock::DbLock, String>
             format!("sandbox_live: {path} is mounted (server pid {pid}); unmount it first")
         }
         LockError::Held { path } => format!("sandbox_live: {path} is mounted; unmount it first"),
-        e => e.to_string(),
+        e => format!("{}: {e}", e.code()),
     })
 }
 

@@ -147,7 +147,20 @@ pub fn main() -> i32 {
     };
     let knobs = match crate::knobs::load() {
         Ok(k) => k,
-        Err(e) => return error::report(&CliError::new(Code::ConfigInvalid, e.to_string())),
+        Err(e) => {
+            // Every verb says `bad_knob`; run, exec and quick refuse to start the sandbox
+            // (exit 125) as for any other refusal.
+            let e = CliError::from(e);
+            let launch = matches!(
+                cli.command,
+                Command::Quick(_) | Command::Run(_) | Command::Exec(_)
+            );
+            return error::report(&if launch {
+                e.exit_with(sandbox::REFUSED)
+            } else {
+                e
+            });
+        }
     };
     let server = matches!(cli.command, Command::Mount(_));
     if !server {

@@ -109,9 +109,13 @@ pub fn run(mut a: Args, knobs: &Knobs) -> super::CliResult {
     } else {
         drop(Store::open(&a.db, true)?);
         if !options.readonly && read_only_file(&a.db) {
-            eprintln!(
-                "agentfs: {} cannot be written (file mode, immutable attribute or read-only filesystem): mounting it read-only",
-                a.db.display()
+            crate::errors::warn(
+                Code::Other,
+                &format!(
+                    "{} cannot be written (file mode, immutable attribute or read-only filesystem): mounting it read-only",
+                    a.db.display()
+                ),
+                Some(&a.db),
             );
             options.readonly = true;
             a.options.push("ro".into());
@@ -131,10 +135,14 @@ pub fn run(mut a: Args, knobs: &Knobs) -> super::CliResult {
     if !options.readonly && knobs.mount_quick_check {
         let budget = Duration::from_millis(knobs.mount_quick_check_ms);
         if Store::quick_check(&a.db, budget)? == QuickCheck::Stopped {
-            eprintln!(
-                "agentfs: {}: the quick check stopped after {} ms and covered only part of the database (agentfs integrity checks it all)",
-                a.db.display(),
-                knobs.mount_quick_check_ms
+            crate::errors::warn(
+                Code::Other,
+                &format!(
+                    "{}: the quick check stopped after {} ms and covered only part of the database (agentfs integrity checks it all)",
+                    a.db.display(),
+                    knobs.mount_quick_check_ms
+                ),
+                Some(&a.db),
             );
         }
     }

@@ -312,10 +312,12 @@ fn launch(
         "fuse" => BackendChoice::Fuse,
         "overlayfs" => BackendChoice::Overlayfs,
         other => {
-            return refuse(&Error::new(
-                Code::BadKnob,
-                format!("AGENTFS_MOUNT_BACKEND={other:?} (auto, fuse or overlayfs)"),
-            ))
+            let e = crate::knobs::KnobError {
+                name: "AGENTFS_MOUNT_BACKEND",
+                value: other.to_string(),
+                why: "expected auto, fuse or overlayfs".into(),
+            };
+            return super::error::report(&super::CliError::from(e).exit_with(REFUSED));
         }
     };
     let req = project::root(knobs).and_then(|root| {

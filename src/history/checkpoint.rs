@@ -54,9 +54,14 @@ impl FreezeMode {
             "auto" | "" => Ok(FreezeMode::Auto),
             "require" => Ok(FreezeMode::Require),
             "off" => Ok(FreezeMode::Off),
-            other => Err(format!(
-                "bad_knob: AGENTFS_CHECKPOINT_FREEZE={other:?} (auto, require or off)"
-            )),
+            other => {
+                let e = crate::knobs::KnobError {
+                    name: "AGENTFS_CHECKPOINT_FREEZE",
+                    value: other.to_string(),
+                    why: "expected auto, require or off".into(),
+                };
+                Err(format!("{}: {e}", crate::errors::Code::BadKnob))
+            }
         }
     }
 }

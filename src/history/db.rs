@@ -64,9 +64,15 @@ pub struct Db {
     path: PathBuf,
 }
 
-/// An SQLite error of the database at `path`, named by its code (`CODE: PATH: ERROR`).
+/// An SQLite error while doing `what`, named by its code (`CODE: WHAT: ERROR`): a full disk is
+/// `capacity_exhausted`, a lock held too long `db_busy`, damage `db_corrupt` (Code::of_sqlite).
+pub fn sql<W: std::fmt::Display>(what: W) -> impl Fn(rusqlite::Error) -> String {
+    move |err| format!("{}: {what}: {err}", Code::of_sqlite(&err))
+}
+
+/// An SQLite error of the database at `path`.
 fn e(path: &Path) -> impl Fn(rusqlite::Error) -> String + '_ {
-    move |err| format!("{}: {}: {err}", Code::of_sqlite(&err), path.display())
+    move |err| sql(path.display())(err)
 }
 
 /// One object gc would delete (or deleted).
@@ -81,7 +87,8 @@ pub struct Unreachable {
 impl Db {
     /// Open (creating when absent) the history database of store directory `dir`.
     pub fn open(dir: &Path) -> Result<Db, String> {
-        std::fs::create_dir_all(dir).map_err(|err| format!("{}: {err}", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|err| format!("{}: {}: {err}", Code::of_io(&err), dir.display()))?;
         let path = dir.join(DB_NAME);
         let c = Connection::open(&path).map_err(e(&path))?;
         c.busy_timeout(std::time::Duration::from_millis(
@@ -183,7 +190,7 @@ pub fn put(
     children: &[Hash],
 ) -> Result<(Hash, u64), String> {
     let h = super::object::hash_of(raw);
-    let sqle = |err: rusqlite::Error| format!("storing {} {}: {err}", kind.name(), hex(&h));
+    let sqle = |err| sql(format_args!("storing {} {}", kind.name(), hex(&h)))(err);
     let existing: Option<i64> = c
         .prepare_cached("SELECT kind FROM objects WHERE hash = ?1")
         .and_then(|mut st| st.query_row([&h[..]], |r| r.get(0)).optional())
@@ -194,7 +201,7 @@ pub fn put(
         Some(_) => {}
         None => {
             let body = zstd::bulk::compress(raw, ZSTD_LEVEL)
-                .map_err(|err| format!("compressing {}: {err}", hex(&h)))?;
+                .map_err(|err| format!("{}: compressing {}: {err}", Code::of_io(&err), hex(&h)))?;
             added = body.len() as u64;
             c.prepare_cached(
                 "INSERT INTO objects (hash, kind, size, body) VALUES (?1, ?2, ?3, ?4)",

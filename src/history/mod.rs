@@ -176,7 +176,7 @@ fn load_commit(c: &Connection, h: &Hash) -> Result<Commit, String> {
 
 /// The state of commit `h`; refused when retention pruned it (its objects may be gone).
 fn load_state(c: &Connection, h: &Hash) -> Result<State, String> {
-    if db::is_pruned(c, h).map_err(|e| format!("history: {e}"))? {
+    if db::is_pruned(c, h).map_err(db::sql("history"))? {
         return Err(format!(
             "pruned: checkpoint {} was pruned by retention; its state is not kept",
             &hex(h)[..12]
@@ -203,7 +203,7 @@ fn load_whiteouts(c: &Connection, h: &Option<Hash>) -> Result<Vec<Vec<u8>>, Stri
 /// Resolve a reference: `HEAD`, `HEAD~N`, `HEAD^`, a tag, or a unique hex prefix (4+ digits)
 /// of a commit.
 fn resolve_in(c: &Connection, r: &str) -> Result<Hash, String> {
-    let sqle = |e: rusqlite::Error| format!("resolving {r}: {e}");
+    let sqle = |e| db::sql(format_args!("resolving {r}"))(e);
     if let Some(rest) = r.strip_prefix("HEAD") {
         let back: u64 = match rest {
             "" => 0,
@@ -511,9 +511,9 @@ impl History {
         if let Some(t) = o.tag {
             check_tag(t)?;
         }
-        let store = Store::open(delta, true).map_err(|e| e.to_string())?;
+        let store = Store::open(delta, true).map_err(|e| format!("{}: {e}", e.code()))?;
         self.db.write(|c| {
-            let sqle = |e: rusqlite::Error| format!("history: {e}");
+            let sqle = |e| db::sql("history")(e);
             if let Some(t) = o.tag {
                 let exists: bool = c
                     .query_row(
@@ -600,7 +600,7 @@ impl History {
     }
 
     pub fn head(&mut self) -> Result<Option<Hash>, String> {
-        self.db.read(|c| db::head(c).map_err(|e| e.to_string()))
+        self.db.read(|c| db::head(c).map_err(db::sql("history")))
     }
 
     /// Make the upper layer of `delta` equal the commit `target` names, as a new commit.
@@ -649,7 +649,7 @@ impl History {
     ) -> Result<RestoreReport, String> {
         let (state, kept, files, ctime) = self.fill_upper(delta, target, ignore)?;
         self.db.write(|c| {
-            let sqle = |e: rusqlite::Error| format!("history: {e}");
+            let sqle = |e| db::sql("history")(e);
             let (time_sec, time_nsec) = now();
             let commit = Commit {
                 state,
@@ -697,7 +697,7 @@ impl History {
         target: &Hash,
         ignore: &Ignore,
     ) -> Result<Filled, String> {
-        let store = Store::open(delta, false).map_err(|e| e.to_string())?;
+        let store = Store::open(delta, false).map_err(|e| format!("{}: {e}", e.code()))?;
         self.db.read(|c| {
             let state = load_state(c, target)?;
             let whiteouts = load_whiteouts(c, &state.whiteouts)?;
@@ -741,7 +741,7 @@ impl History {
             return Ok(Vec::new());
         }
         self.db.write(|c| {
-            let sqle = |e: rusqlite::Error| format!("history: {e}");
+            let sqle = |e| db::sql("history")(e);
             let head = db::head(c).map_err(sqle)?;
             let tagged: HashSet<Hash> = db::tags(c)
                 .map_err(sqle)?
@@ -775,7 +775,7 @@ impl History {
     /// Every commit with its tags, oldest first, HEAD marked.
     pub fn list(&mut self) -> Result<Vec<CommitInfo>, String> {
         self.db.read(|c| {
-            let sqle = |e: rusqlite::Error| format!("history: {e}");
+            let sqle = |e| db::sql("history")(e);
             let head = db::head(c).map_err(sqle)?;
             let tags = db::tags(c).map_err(sqle)?;
             let hashes: Vec<Vec<u8>> = {
@@ -803,7 +803,7 @@ impl History {
     /// The first `n` commits of [`History::log`] (1: HEAD's alone, without reading the rest).
     pub fn log_upto(&mut self, n: usize) -> Result<Vec<CommitInfo>, String> {
         self.db.read(|c| {
-            let sqle = |e: rusqlite::Error| format!("history: {e}");
+            let sqle = |e| db::sql("history")(e);
             let head = db::head(c).map_err(sqle)?;
             let tags = db::tags(c).map_err(sqle)?;
             let mut out = Vec::new();
@@ -842,7 +842,7 @@ impl History {
     /// Delete (or with `dry_run` only list) every object no tag or HEAD reaches.
     pub fn gc(&mut self, dry_run: bool) -> Result<GcReport, String> {
         self.db.write(|c| {
-            let sqle = |e: rusqlite::Error| format!("history: {e}");
+            let sqle = |e| db::sql("history")(e);
             let objects = db::unreachable(c).map_err(sqle)?;
             if !dry_run {
                 db::delete(c, &objects).map_err(sqle)?;
@@ -870,7 +870,7 @@ impl History {
                 [],
                 |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
             )
-            .map_err(|e| format!("history: {e}"))
+            .map_err(db::sql("history"))
         })
     }
 }
@@ -890,7 +890,7 @@ fn info(
             .map(|(n, _)| n.clone())
             .collect(),
         head: head.as_ref() == Some(&h),
-        pruned: db::is_pruned(c, &h).map_err(|e| format!("history: {e}"))?,
+        pruned: db::is_pruned(c, &h).map_err(db::sql("history"))?,
     })
 }
 

@@ -75,9 +75,13 @@ impl RunHistory {
         if self.mode == FreezeMode::Require {
             return Err(SandboxError::FreezerUnavailable(why.to_string()));
         }
-        eprintln!(
-            "agentfs: checkpoints of this run are not frozen (no cgroup: {why}); \
-             AGENTFS_CHECKPOINT_FREEZE=require refuses instead"
+        crate::errors::warn(
+            crate::errors::Code::FreezerUnavailable,
+            &format!(
+                "checkpoints of this run are not frozen (no cgroup: {why}); \
+                 AGENTFS_CHECKPOINT_FREEZE=require refuses instead"
+            ),
+            None,
         );
         self.record.freezer = format!("unfrozen: {why}");
         Ok(())
@@ -149,7 +153,11 @@ impl RunHistory {
             .unwrap_or_else(|| Activity::open(&self.delta));
         match Watcher::start(target, self.timing.clone(), activity, self.listener.take()) {
             Ok(w) => self.watcher = Some(w),
-            Err(e) => eprintln!("agentfs: no checkpoints for this run: {e}"),
+            Err(e) => crate::errors::warn(
+                crate::errors::Code::CheckpointUnavailable,
+                &format!("no checkpoints for this run: {e}"),
+                None,
+            ),
         }
     }
 

@@ -144,11 +144,15 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
     if let Some((_, log)) = &audit {
         rec.escape_attempts = log.finish();
         if rec.escape_attempts > 0 {
-            eprintln!(
-                "agentfs: {}: {} change(s) outside the writable set refused; see {}",
-                crate::errors::Code::EscapeAttempt.as_str(),
-                rec.escape_attempts,
-                audit::path(&req.project_dir).display()
+            let log = audit::path(&req.project_dir);
+            crate::errors::warn(
+                crate::errors::Code::EscapeAttempt,
+                &format!(
+                    "{} change(s) outside the writable set refused; see {}",
+                    rec.escape_attempts,
+                    log.display()
+                ),
+                Some(&log),
             );
         }
     }
@@ -165,7 +169,7 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
         rr.ended = Some(match r.stop() {
             Ok(()) => "caught up".into(),
             Err(e) => {
-                eprintln!("agentfs: {e}");
+                crate::errors::warn(e.code, &e.message, None);
                 e.to_string()
             }
         });
@@ -404,7 +408,7 @@ fn supervise(
         }
         imported?;
         if let Err(e) = history.exit_snapshot(status.as_ref().ok().copied()) {
-            eprintln!("agentfs: exit snapshot failed: {e}");
+            exit_snapshot_failed(&e);
         }
         return status;
     }
@@ -413,7 +417,7 @@ fn supervise(
     let served = server_thread.map(|t| t.join());
     if failure.is_none() && matches!(served, Some(Ok(Ok(())))) {
         if let Err(e) = history.exit_snapshot(status.as_ref().ok().copied()) {
-            eprintln!("agentfs: exit snapshot failed: {e}");
+            exit_snapshot_failed(&e);
         }
     }
     if let Some(f) = failure {
@@ -878,7 +882,12 @@ fn join(req: &SandboxRequest, live: &LiveMarker) -> Result<i32, SandboxError> {
                 failure.get_or_insert(SandboxError::from_wire(&String::from_utf8_lossy(rest)))
             }
             Some((b'W', rest)) => {
-                eprintln!("agentfs: {}", String::from_utf8_lossy(rest));
+                // The only warning from inside: the command could not join the cgroup.
+                crate::errors::warn(
+                    crate::errors::Code::FreezerUnavailable,
+                    &String::from_utf8_lossy(rest),
+                    None,
+                );
                 continue;
             }
             Some(_) => continue,
@@ -892,4 +901,11 @@ fn join(req: &SandboxRequest, live: &LiveMarker) -> Result<i32, SandboxError> {
         Some(f) => Err(f),
         None => status,
     }
+}
+
+/// Say that the exit snapshot failed (the command's status still goes out), under the code
+/// its error carries.
+fn exit_snapshot_failed(e: &str) {
+    let (code, why) = crate::errors::split(e).unwrap_or((crate::errors::Code::Other, e));
+    crate::errors::warn(code, &format!("exit snapshot failed: {why}"), None);
 }

@@ -107,10 +107,7 @@ impl SandboxError {
             SandboxError::Io(_) => Code::Io,
             // A configuration error carried as `CODE: MESSAGE` (`bad_knob`, `bad_ignore_pattern`)
             // keeps its code.
-            SandboxError::Config(m) => m
-                .split_once(": ")
-                .and_then(|(name, _)| Code::named(name))
-                .unwrap_or(Code::BadConfig),
+            SandboxError::Config(m) => crate::errors::split(m).map_or(Code::BadConfig, |(c, _)| c),
             SandboxError::FreezerUnavailable(_) => Code::FreezerUnavailable,
             SandboxError::Upper(_) => Code::UpperFailed,
             SandboxError::NoMountBackend(_) => Code::NoMountBackend,

@@ -138,6 +138,36 @@ pub fn failed_with(o: &Output, status: i32, code: &str, detail: &str) -> Value {
     e
 }
 
+/// The warnings of a command run with `--json` whose own output on stderr is none: every line
+/// of its stderr is one object `{"warning": {"code", "detail", "message", "path"}}` (or the
+/// last, on failure, the error object); returns the warnings' bodies.
+pub fn warnings(o: &Output) -> Vec<Value> {
+    let e = err(o);
+    let mut out = Vec::new();
+    for line in e.lines() {
+        let v: Value = serde_json::from_str(line)
+            .unwrap_or_else(|x| panic!("a line that is not JSON under --json ({x}): {line}\n{e}"));
+        let o = v
+            .as_object()
+            .unwrap_or_else(|| panic!("not an object: {line}"));
+        assert_eq!(o.len(), 1, "{line}");
+        if o.contains_key("error") {
+            continue;
+        }
+        let w = &v["warning"];
+        assert!(w["code"].is_string(), "{line}");
+        assert!(
+            w["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{line}"
+        );
+        assert!(w["detail"].is_null() || w["detail"].is_string(), "{line}");
+        assert!(w["path"].is_null() || w["path"].is_string(), "{line}");
+        assert_eq!(w.as_object().unwrap().len(), 4, "{line}");
+        out.push(w.clone());
+    }
+    out
+}
+
 /// A launch ran its command, which exited 0.
 pub fn launched(o: &Output) {
     assert!(o.status.success(), "status {:?}: {}", o.status, err(o));
