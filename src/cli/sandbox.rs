@@ -269,9 +269,11 @@ fn choose_backend(
             Some(b) if b != kept => Err(Error::new(
                 Code::BackendMismatch,
                 format!(
-                    "project {} keeps the {} backend its config.toml records; it cannot run on {} (switching needs a conversion of the project, which agentfs cannot do yet)",
+                    "project {} keeps the {} backend its config.toml records; it cannot run on {} (switch it first: agentfs convert {} --to {})",
                     project.name,
                     name(kept),
+                    name(b),
+                    project.name,
                     name(b)
                 ),
             )
