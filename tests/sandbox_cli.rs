@@ -762,3 +762,108 @@ fn convert_moves_a_project_losslessly_as_a_user() {
         convert_moves_a_project_losslessly(&World::new(Some(USER)));
     }
 }
+
+/// A kernel mount the test made, unmounted on drop (also when the test fails).
+struct KernelMount(std::path::PathBuf);
+
+impl KernelMount {
+    fn new(args: &[&str], at: &Path) -> KernelMount {
+        let o = Command::new("mount").args(args).arg(at).output().unwrap();
+        assert!(o.status.success(), "mount {args:?}: {}", err(&o));
+        KernelMount(at.to_path_buf())
+    }
+}
+
+impl Drop for KernelMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// `auto` where neither backend mounts is `no_mount_backend`, naming both failures, and
+/// nothing runs: FUSE is unusable (/dev/fuse closed to the user; for root, /dev/null bound
+/// over it in a mount namespace of the test's own), and the projects root lies on an
+/// overlayfs, which overlayfs refuses as an upper directory's filesystem.
+fn no_backend_mounts(user: Option<u32>) {
+    let _closed = match user {
+        Some(_) => match common::DevFuseClosed::hold() {
+            Some(c) => Some(c),
+            None => {
+                eprintln!("SKIP: /dev/fuse is open to every user here");
+                return;
+            }
+        },
+        None => None,
+    };
+    let w = World::without_dev_fuse(user);
+    let layers = w.base.join("layers");
+    let top = w.base.join("top");
+    for d in [&layers, &top] {
+        fs::create_dir(d).unwrap();
+    }
+    let _layers = KernelMount::new(&["-t", "tmpfs", "-o", "size=8m", "tmpfs"], &layers);
+    for d in ["l", "u", "w"] {
+        fs::create_dir(layers.join(d)).unwrap();
+    }
+    let opts = format!(
+        "lowerdir={0}/l,upperdir={0}/u,workdir={0}/w",
+        layers.display()
+    );
+    let _top = KernelMount::new(&["-t", "overlay", "-o", &opts, "overlay"], &top);
+    w.own(&top);
+    let projects = top.join("projects");
+    let src = w.source("src-nb");
+    let flag = src.join("ran");
+    let script = format!("touch {}", flag.display());
+    let bin = common::bin();
+    let args = ["quick", src.to_str().unwrap(), "--", "sh", "-c", &script];
+    let mut c = match user {
+        Some(_) => w.command(&bin, &args),
+        None => {
+            let mut wrapped = vec![
+                "-m",
+                "sh",
+                "-c",
+                "mount --bind /dev/null /dev/fuse && exec \"$0\" \"$@\"",
+                bin.to_str().unwrap(),
+            ];
+            wrapped.extend(args);
+            w.command(Path::new("unshare"), &wrapped)
+        }
+    };
+    let o = c.env("AGENTFS_PROJECTS_DIR", &projects).output().unwrap();
+    let e = err(&o);
+    assert_eq!(o.status.code(), Some(125), "{e}");
+    let last = e.trim_end().lines().last().unwrap_or("");
+    let code = "no_mount_backend";
+    assert!(last.starts_with(&format!("agentfs: {code}: ")), "{e}");
+    assert!(
+        last.contains("FUSE: ") && last.contains("overlayfs: "),
+        "{e}"
+    );
+    assert!(!flag.exists(), "the command ran");
+    let dir = projects.join("src-nb");
+    let config = fs::read_to_string(dir.join("config.toml")).unwrap();
+    assert!(!config.contains("\nbackend = "), "{config}");
+    let left: Vec<_> = fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("probe-"))
+        .collect();
+    assert!(left.is_empty(), "the probe left {left:?}");
+}
+
+#[test]
+fn no_mount_backend_when_neither_mounts_as_root() {
+    if common::fuse_or_skip("no_mount_backend_when_neither_mounts_as_root") {
+        no_backend_mounts(None);
+    }
+}
+
+#[test]
+fn no_mount_backend_when_neither_mounts_as_a_user() {
+    if user_can_run("no_mount_backend_when_neither_mounts_as_a_user") {
+        no_backend_mounts(Some(USER));
+    }
+}

@@ -285,7 +285,7 @@ fn choose_backend(
         Some(b) if asked_for.is_some() => (b, format!("--mount-backend {}", name(b))),
         Some(b) => (b, format!("AGENTFS_MOUNT_BACKEND={}", name(b))),
         None => {
-            let c = crate::sandbox::probe::probe()
+            let c = crate::sandbox::probe::probe(&project.dir)
                 .map_err(crate::sandbox::SandboxError::NoMountBackend)?;
             let b = match c.backend {
                 crate::sandbox::request::MountBackend::Fuse => Backend::Fuse,
