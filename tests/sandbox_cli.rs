@@ -692,6 +692,17 @@ fn convert_moves_a_project_losslessly(w: &World) {
         stdout(&diff)
     );
 
+    // A FUSE launch takes in an upper left behind too (a launch that read the old backend
+    // before a conversion leaves one when it is killed).
+    fs::create_dir(&upper).unwrap();
+    fs::write(upper.join("late.txt"), "late\n").unwrap();
+    w.own(&upper);
+    w.own(&upper.join("late.txt"));
+    let o = run(None, "cat late.txt");
+    assert_eq!(stdout(&o), "late\n");
+    assert!(!upper.exists());
+    assert_eq!(backend(), ("fuse".into(), "fuse".into()));
+
     // Refusals change nothing.
     let config = w.root().join("cv/config.toml");
     let kept = fs::read_to_string(&config).unwrap();
