@@ -68,6 +68,7 @@ fn manual_pages_cover_every_verb_and_render() {
         "agentfs.1",
         "agentfs-run.1",
         "agentfs-diff.1",
+        "agentfs-convert.1",
         "agentfs-fs-cat.1",
     ] {
         let text = fs::read_to_string(dir.path().join(page)).unwrap();

@@ -512,3 +512,369 @@ fn the_default_backend_knob_decides_only_a_first_launch() {
         "bad_knob",
     );
 }
+
+/// What the command sees of the project: every entry under it with its type and mode, link
+/// count and size (not for directories: each backend counts those its own way), mtime, content hash or symlink target, and extended
+/// attributes, one line each, sorted.
+const VIEW: &str = r#"
+import hashlib, os, sys
+root = sys.argv[1]
+out = []
+for d, dirs, files in os.walk(root):
+    for n in dirs + files:
+        p = os.path.join(d, n)
+        st = os.lstat(p)
+        rel = os.path.relpath(p, root)
+        if os.path.islink(p):
+            body = os.readlink(p)
+        elif os.path.isfile(p):
+            body = hashlib.sha256(open(p, 'rb').read()).hexdigest()
+        else:
+            body = ''
+        isdir = os.path.isdir(p) and not os.path.islink(p)
+        links, size = ('', '') if isdir else (st.st_nlink, st.st_size)
+        xattrs = sorted((a, os.getxattr(p, a, follow_symlinks=False))
+                        for a in os.listxattr(p, follow_symlinks=False))
+        out.append(f"{rel} {st.st_mode:o} {links} {size} {st.st_mtime_ns} {body} {xattrs}")
+top = sorted((a, os.getxattr(root, a)) for a in os.listxattr(root))
+print(f". {top}")
+print("\n".join(sorted(out)))
+"#;
+
+/// A launched `agentfs run` ended on drop: SIGTERM to it (its supervisor), then SIGKILL.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let pid = self.0.id() as i32;
+        let _ = agentfs::sys::ns::kill(pid, libc::SIGTERM);
+        if common::wait_timeout(&mut self.0, std::time::Duration::from_secs(10)).is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// `agentfs convert` moves a project between backends without losing anything: the view and
+/// `diff --json` are the same before and after each conversion (files, a deletion, an opaque
+/// directory, extended attributes, a symlink, hard links, a FIFO, a partly rewritten large
+/// file); an upper directory a run left is imported first; the same backend is a no-op; a
+/// live sandbox or a mounted delta refuses it (`sandbox_live`), as does a symlink rule the
+/// target cannot enforce (`policy_unenforceable`) and a backend it does not know (`usage`).
+fn convert_moves_a_project_losslessly(w: &World) {
+    let src = w.source("src-cv");
+    fs::create_dir_all(src.join("old")).unwrap();
+    fs::write(src.join("old/was"), "was\n").unwrap();
+    fs::write(src.join("big"), vec![7u8; 300_000]).unwrap();
+    // Root-started commands run as USER too, and overlayfs shows the host's owners: the
+    // tree is the command's in both worlds.
+    for p in [
+        &src,
+        &src.join("README"),
+        &src.join("old"),
+        &src.join("old/was"),
+        &src.join("big"),
+    ] {
+        std::os::unix::fs::chown(p, Some(USER), Some(USER)).unwrap();
+    }
+    let s = src.to_str().unwrap();
+    let run = |backend: Option<&str>, script: &str| {
+        let mut args = vec!["run", "cv"];
+        if let Some(b) = backend {
+            args.extend(["--mount-backend", b]);
+        }
+        let script = format!("cd {s} && {script}");
+        args.extend(["--", "sh", "-c", &script]);
+        let o = w.af(&args);
+        launched(&o);
+        o
+    };
+    let look = || {
+        let o = w.af(&["run", "cv", "--", "/usr/bin/python3", "-c", VIEW, s]);
+        launched(&o);
+        let diff = w.af(&["diff", "--project", "cv", "--json"]);
+        assert!(diff.status.success(), "{}", err(&diff));
+        (stdout(&o), stdout(&diff))
+    };
+    let backend = || {
+        let o = w.af(&["status", "cv", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (
+            v["projects"][0]["backend"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+            v["projects"][0]["last_run"]["backend"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        )
+    };
+    let convert = |to: &str| {
+        let o = w.af(&["convert", "cv", "--to", to, "--json"]);
+        assert!(o.status.success(), "{}", err(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    launched(&w.af(&["init", "cv", "--source", s]));
+    run(
+        Some("overlayfs"),
+        "echo new > new.txt && rm README && rm -r old && mkdir old && echo fresh > old/other \
+         && ln -s new.txt link && ln new.txt hard && mkfifo pipe && mkdir -p made/deep \
+         && /usr/bin/python3 -c \"import os; os.setxattr('new.txt', 'user.mine', b'v'); \
+         os.setxattr('made', 'user.overlay.opaque', b'n'); os.setxattr('.', 'user.top', b't')\"",
+    );
+    let on_overlayfs = look();
+    assert!(
+        on_overlayfs.0.contains("hard 100644 2 "),
+        "{}",
+        on_overlayfs.0
+    );
+    assert!(
+        on_overlayfs.0.contains("('user.mine', b'v')"),
+        "{}",
+        on_overlayfs.0
+    );
+    assert!(on_overlayfs.1.contains("\"/README\""), "{}", on_overlayfs.1);
+    assert_eq!(backend(), ("overlayfs".into(), "overlayfs".into()));
+
+    let v = convert("fuse");
+    assert_eq!(
+        v,
+        serde_json::json!({"project": "cv", "from": "overlayfs", "to": "fuse",
+            "converted": true, "imported": null})
+    );
+    let on_fuse = look();
+    assert_eq!(backend(), ("fuse".into(), "fuse".into()));
+    assert_eq!(on_overlayfs.0, on_fuse.0, "the view");
+    assert_eq!(on_overlayfs.1, on_fuse.1, "diff --json");
+
+    // The same backend again: nothing to do, and it says so.
+    let o = w.af(&["convert", "cv", "--to", "fuse"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(
+        stdout(&o).contains("already keeps the fuse backend"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(convert("fuse")["converted"], false);
+
+    // Changes made on FUSE (a partial rewrite of a large file among them) go back to overlayfs.
+    run(
+        None,
+        "printf x | dd of=big bs=1 seek=5 conv=notrunc 2>/dev/null && rm old/other \
+         && ln hard third && /usr/bin/python3 -c \"import os; os.setxattr('made/deep', 'user.d', b'1')\"",
+    );
+    let on_fuse = look();
+    assert!(on_fuse.0.contains("hard 100644 3 "), "{}", on_fuse.0);
+    assert_eq!(convert("overlayfs")["from"], "fuse");
+    let on_overlayfs = look();
+    assert_eq!(backend(), ("overlayfs".into(), "overlayfs".into()));
+    assert_eq!(on_fuse.0, on_overlayfs.0, "the view");
+    assert_eq!(on_fuse.1, on_overlayfs.1, "diff --json");
+
+    // An upper directory a run left unimported goes into the delta before the switch.
+    let upper = w.root().join("cv/upper");
+    fs::create_dir(&upper).unwrap();
+    fs::write(upper.join("left.txt"), "left\n").unwrap();
+    w.own(&upper);
+    w.own(&upper.join("left.txt"));
+    let v = convert("fuse");
+    assert_eq!(
+        v["imported"],
+        serde_json::json!({"objects": 1, "whiteouts": 0}),
+        "{v}"
+    );
+    assert!(!upper.exists());
+    let diff = w.af(&["diff", "--project", "cv", "--name-only"]);
+    assert!(
+        stdout(&diff).lines().any(|l| l == "/left.txt"),
+        "{}",
+        stdout(&diff)
+    );
+
+    // A FUSE launch takes in an upper left behind too (a launch that read the old backend
+    // before a conversion leaves one when it is killed).
+    fs::create_dir(&upper).unwrap();
+    fs::write(upper.join("late.txt"), "late\n").unwrap();
+    w.own(&upper);
+    w.own(&upper.join("late.txt"));
+    let o = run(None, "cat late.txt");
+    assert_eq!(stdout(&o), "late\n");
+    assert!(!upper.exists());
+    assert_eq!(backend(), ("fuse".into(), "fuse".into()));
+
+    // Refusals change nothing.
+    let config = w.root().join("cv/config.toml");
+    let kept = fs::read_to_string(&config).unwrap();
+    common::world::failed(
+        &w.af(&["convert", "cv", "--to", "zfs", "--json"]),
+        2,
+        "usage",
+    );
+    let live = Running(
+        w.command(&common::bin(), &["run", "cv", "--", "sleep", "1000"])
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while agentfs::sandbox::live(&w.root().join("cv")).is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sandbox never became live"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    common::world::failed(
+        &w.af(&["convert", "cv", "--to", "overlayfs", "--json"]),
+        4,
+        "sandbox_live",
+    );
+    drop(live);
+    let mnt = w.base.join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    w.own(&mnt);
+    let _cleanup = common::UnmountOnDrop(mnt.clone());
+    launched(&w.af(&["mount", "cv", mnt.to_str().unwrap()]));
+    let e = common::world::failed(
+        &w.af(&["convert", "cv", "--to", "overlayfs", "--json"]),
+        4,
+        "sandbox_live",
+    );
+    assert!(e["message"].as_str().unwrap().contains("mounted"), "{e}");
+    launched(&w.af(&["umount", mnt.to_str().unwrap()]));
+    // A rule only the FUSE server enforces, from defaults.toml here.
+    let defaults = w.root().join("defaults.toml");
+    fs::write(&defaults, "[policy]\nsymlinks = \"refuse-escaping\"\n").unwrap();
+    w.own(&defaults);
+    common::world::failed(
+        &w.af(&["convert", "cv", "--to", "overlayfs", "--json"]),
+        3,
+        "policy_unenforceable",
+    );
+    assert_eq!(fs::read_to_string(&config).unwrap(), kept);
+    assert!(kept.contains("backend = \"fuse\""), "{kept}");
+    assert!(
+        host_mounts_of(&src).is_empty(),
+        "{:?}",
+        host_mounts_of(&src)
+    );
+}
+
+#[test]
+fn convert_moves_a_project_losslessly_as_root() {
+    if common::fuse_or_skip("convert_moves_a_project_losslessly_as_root") {
+        convert_moves_a_project_losslessly(&World::new(None));
+    }
+}
+
+#[test]
+fn convert_moves_a_project_losslessly_as_a_user() {
+    if user_can_run("convert_moves_a_project_losslessly_as_a_user") {
+        convert_moves_a_project_losslessly(&World::new(Some(USER)));
+    }
+}
+
+/// A kernel mount the test made, unmounted on drop (also when the test fails).
+struct KernelMount(std::path::PathBuf);
+
+impl KernelMount {
+    fn new(args: &[&str], at: &Path) -> KernelMount {
+        let o = Command::new("mount").args(args).arg(at).output().unwrap();
+        assert!(o.status.success(), "mount {args:?}: {}", err(&o));
+        KernelMount(at.to_path_buf())
+    }
+}
+
+impl Drop for KernelMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// `auto` where neither backend mounts is `no_mount_backend`, naming both failures, and
+/// nothing runs: FUSE is unusable (/dev/fuse closed to the user; for root, /dev/null bound
+/// over it in a mount namespace of the test's own), and the projects root lies on an
+/// overlayfs, which overlayfs refuses as an upper directory's filesystem.
+fn no_backend_mounts(user: Option<u32>) {
+    let _closed = match user {
+        Some(_) => match common::DevFuseClosed::hold() {
+            Some(c) => Some(c),
+            None => {
+                eprintln!("SKIP: /dev/fuse is open to every user here");
+                return;
+            }
+        },
+        None => None,
+    };
+    let w = World::without_dev_fuse(user);
+    let layers = w.base.join("layers");
+    let top = w.base.join("top");
+    for d in [&layers, &top] {
+        fs::create_dir(d).unwrap();
+    }
+    let _layers = KernelMount::new(&["-t", "tmpfs", "-o", "size=8m", "tmpfs"], &layers);
+    for d in ["l", "u", "w"] {
+        fs::create_dir(layers.join(d)).unwrap();
+    }
+    let opts = format!(
+        "lowerdir={0}/l,upperdir={0}/u,workdir={0}/w",
+        layers.display()
+    );
+    let _top = KernelMount::new(&["-t", "overlay", "-o", &opts, "overlay"], &top);
+    w.own(&top);
+    let projects = top.join("projects");
+    let src = w.source("src-nb");
+    let flag = src.join("ran");
+    let script = format!("touch {}", flag.display());
+    let bin = common::bin();
+    let args = ["quick", src.to_str().unwrap(), "--", "sh", "-c", &script];
+    let mut c = match user {
+        Some(_) => w.command(&bin, &args),
+        None => {
+            let mut wrapped = vec![
+                "-m",
+                "sh",
+                "-c",
+                "mount --bind /dev/null /dev/fuse && exec \"$0\" \"$@\"",
+                bin.to_str().unwrap(),
+            ];
+            wrapped.extend(args);
+            w.command(Path::new("unshare"), &wrapped)
+        }
+    };
+    let o = c.env("AGENTFS_PROJECTS_DIR", &projects).output().unwrap();
+    let e = err(&o);
+    assert_eq!(o.status.code(), Some(125), "{e}");
+    let last = e.trim_end().lines().last().unwrap_or("");
+    let code = "no_mount_backend";
+    assert!(last.starts_with(&format!("agentfs: {code}: ")), "{e}");
+    assert!(
+        last.contains("FUSE: ") && last.contains("overlayfs: "),
+        "{e}"
+    );
+    assert!(!flag.exists(), "the command ran");
+    let dir = projects.join("src-nb");
+    let config = fs::read_to_string(dir.join("config.toml")).unwrap();
+    assert!(!config.contains("\nbackend = "), "{config}");
+    let left: Vec<_> = fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("probe-"))
+        .collect();
+    assert!(left.is_empty(), "the probe left {left:?}");
+}
+
+#[test]
+fn no_mount_backend_when_neither_mounts_as_root() {
+    if common::fuse_or_skip("no_mount_backend_when_neither_mounts_as_root") {
+        no_backend_mounts(None);
+    }
+}
+
+#[test]
+fn no_mount_backend_when_neither_mounts_as_a_user() {
+    if user_can_run("no_mount_backend_when_neither_mounts_as_a_user") {
+        no_backend_mounts(Some(USER));
+    }
+}

@@ -66,7 +66,7 @@ pub struct CheckpointArgs {
 }
 
 /// A project (`agentfs init` or `quick` made it) whose delta exists.
-fn project(name: &str) -> Result<Project, String> {
+pub(super) fn project(name: &str) -> Result<Project, String> {
     let root = crate::project::root(crate::knobs::get()).map_err(|e| e.to_string())?;
     let p = Project::open(&root, name).map_err(|e| e.to_string())?;
     if !p.db().is_file() {
@@ -111,11 +111,16 @@ pub(super) fn utc(secs: i64) -> String {
 }
 
 /// Refuse while a sandbox runs on the project (live.json names a live process) or a server
-/// has the delta mounted; returns the server lock, held for the restore.
-fn offline(dir: &Path, delta: &Path) -> Result<crate::sys::lock::DbLock, String> {
+/// has the delta mounted; returns the server lock, held for the change (`doing`, for the
+/// message: "restoring").
+pub(super) fn offline(
+    dir: &Path,
+    delta: &Path,
+    doing: &str,
+) -> Result<crate::sys::lock::DbLock, String> {
     if let Some(m) = crate::sandbox::live(dir) {
         return Err(format!(
-            "sandbox_live: a sandbox runs on this project (supervisor pid {}); restoring under a \
+            "sandbox_live: a sandbox runs on this project (supervisor pid {}); {doing} under a \
              running sandbox is not supported, stop it first",
             m.supervisor
         ));
@@ -313,7 +318,7 @@ pub fn restore(a: RestoreArgs) -> super::CliResult {
     let (dir, delta) = (p.dir.clone(), p.db());
     crate::replica::refuse_if_replicated(&delta, "restoring a snapshot into it")
         .map_err(|e| e.to_string())?;
-    let _lock = offline(&dir, &delta)?;
+    let _lock = offline(&dir, &delta, "restoring")?;
     let r = open(&dir)?.restore(&delta, &a.reference, &ignore)?;
     restored(&r, a.json, "restored")
 }
@@ -324,7 +329,7 @@ pub fn undo(a: NameArgs) -> super::CliResult {
     let ignore = ignore_of(&p)?;
     let (dir, delta) = (p.dir.clone(), p.db());
     crate::replica::refuse_if_replicated(&delta, "undoing into it").map_err(|e| e.to_string())?;
-    let _lock = offline(&dir, &delta)?;
+    let _lock = offline(&dir, &delta, "undoing")?;
     let r = open(&dir)?.undo(&delta, &ignore)?;
     restored(&r, a.json, "undone")
 }

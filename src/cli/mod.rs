@@ -4,6 +4,7 @@
 
 mod apply;
 mod backup;
+mod convert;
 mod diff;
 mod discard;
 pub mod error;
@@ -66,6 +67,10 @@ enum Command {
     /// Find and fix what crashes left behind (dead mounts, stale records and markers, an
     /// apply stopped halfway, orphaned projects); safe to repeat.
     Recover(recover::Args),
+    /// Switch the mount backend a project keeps (fuse or overlayfs): an upper directory an
+    /// overlayfs run left goes into the delta first, then config.toml records the new backend
+    /// (not while the project's sandbox runs or its delta is mounted).
+    Convert(convert::Args),
     /// Mount a database (created with defaults when absent) and serve it in the background;
     /// with a project NAME: give a new project its directory, or mount its delta.
     Mount(mount::Args),
@@ -180,6 +185,7 @@ pub fn main() -> i32 {
         Command::Apply(a) => apply::run(a, knobs),
         Command::Discard(a) => discard::run(a, knobs),
         Command::Recover(a) => recover::run(a, knobs),
+        Command::Convert(a) => convert::run(a, knobs),
         Command::Mount(a) => mount::run(a, knobs),
         Command::Umount(a) => umount::run(a),
         Command::Fs(a) => fs::run(a),

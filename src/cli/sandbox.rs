@@ -269,9 +269,11 @@ fn choose_backend(
             Some(b) if b != kept => Err(Error::new(
                 Code::BackendMismatch,
                 format!(
-                    "project {} keeps the {} backend its config.toml records; it cannot run on {} (switching needs a conversion of the project, which agentfs cannot do yet)",
+                    "project {} keeps the {} backend its config.toml records; it cannot run on {} (switch it first: agentfs convert {} --to {})",
                     project.name,
                     name(kept),
+                    name(b),
+                    project.name,
                     name(b)
                 ),
             )
@@ -283,7 +285,7 @@ fn choose_backend(
         Some(b) if asked_for.is_some() => (b, format!("--mount-backend {}", name(b))),
         Some(b) => (b, format!("AGENTFS_MOUNT_BACKEND={}", name(b))),
         None => {
-            let c = crate::sandbox::probe::probe()
+            let c = crate::sandbox::probe::probe(&project.dir)
                 .map_err(crate::sandbox::SandboxError::NoMountBackend)?;
             let b = match c.backend {
                 crate::sandbox::request::MountBackend::Fuse => Backend::Fuse,

@@ -296,16 +296,18 @@ fn supervise(
         }
     };
     let server_store = prepared.store();
-    if req.backend == MountBackend::Overlayfs {
-        let owner = crate::sys::ids::is_root().then_some((rec.uid_inside, rec.gid_inside));
-        if let Err(e) = export_upper(req, &server_store, owner) {
-            let _ = nix::sys::socket::shutdown(
-                std::os::fd::AsRawFd::as_raw_fd(sup),
-                nix::sys::socket::Shutdown::Both,
-            );
-            let _ = ns::wait_child(outer);
-            return Err(e);
-        }
+    let owner = crate::sys::ids::is_root().then_some((rec.uid_inside, rec.gid_inside));
+    let ready = import_left_over(req, &server_store).and_then(|()| match req.backend {
+        MountBackend::Overlayfs => export_upper(req, &server_store, owner),
+        MountBackend::Fuse => Ok(()),
+    });
+    if let Err(e) = ready {
+        let _ = nix::sys::socket::shutdown(
+            std::os::fd::AsRawFd::as_raw_fd(sup),
+            nix::sys::socket::Shutdown::Both,
+        );
+        let _ = ns::wait_child(outer);
+        return Err(e);
     }
     history.listen();
     send(sup, b"G");
@@ -436,21 +438,26 @@ fn supervise(
     status
 }
 
-/// The overlayfs backend before the mount: an upper a previous run left (it ended before
-/// importing) goes into the delta first, then the delta is exported into a fresh one.
+/// Before the mount, on either backend: an upper an overlayfs run left (it ended before
+/// importing) goes into the delta, which a FUSE server would otherwise serve without it (a
+/// project converted, or a launch that read the backend before a conversion).
+fn import_left_over(req: &SandboxRequest, store: &crate::store::Store) -> Result<(), SandboxError> {
+    let dir = &req.project_dir;
+    if !upperdir::left_over(dir) {
+        return Ok(());
+    }
+    upperdir::import(store, &req.source, dir)
+        .and_then(|_| upperdir::remove(dir))
+        .map_err(|e| SandboxError::Upper(format!("recovering a previous run's changes: {e}")))
+}
+
+/// The overlayfs backend before the mount: the delta is exported into a fresh upper.
 fn export_upper(
     req: &SandboxRequest,
     store: &crate::store::Store,
     owner: Option<(u32, u32)>,
 ) -> Result<(), SandboxError> {
     let dir = &req.project_dir;
-    if upperdir::left_over(dir) {
-        upperdir::import(store, &req.source, dir)
-            .and_then(|_| upperdir::remove(dir))
-            .map_err(|e| {
-                SandboxError::Upper(format!("recovering a previous run's changes: {e}"))
-            })?;
-    }
     upperdir::export(store, &req.source, dir, owner).map_err(|e| {
         let _ = upperdir::remove(dir);
         SandboxError::Upper(format!(

@@ -1,8 +1,9 @@
 //! `--mount-backend auto`: which backend can serve a sandbox here, decided by doing it. A
 //! throwaway child process enters user (rootless) and mount namespaces of its own and tries a
 //! real FUSE mount (/dev/fuse opened there, mounted with that descriptor: mount(2) needs no
-//! server to succeed), then a real overlayfs mount of small scratch directories. The first that
-//! mounts is the backend. Nothing outlives the child: its mounts die with its namespace.
+//! server to succeed), then a real overlayfs mount of small scratch directories in the
+//! project's directory. The first that mounts is the backend. Nothing outlives the child: its
+//! mounts die with its namespace.
 
 use std::io::{Read as _, Write as _};
 use std::os::fd::AsRawFd as _;
@@ -20,13 +21,16 @@ pub struct Choice {
     pub reason: String,
 }
 
-/// Try FUSE, then overlayfs. Err carries both failures when neither mounts.
-pub fn probe() -> Result<Choice, String> {
+/// Try FUSE, then overlayfs. Err carries both failures when neither mounts. The scratch
+/// directories go under `project_dir`, where the overlayfs backend keeps its upper and work
+/// directories: overlayfs takes an upper directory only on some filesystems (not on another
+/// overlayfs, for one), so the attempt is made on the filesystem a run would use.
+pub fn probe(project_dir: &Path) -> Result<Choice, String> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let dir = std::env::temp_dir().join(format!("agentfs-probe-{}-{nanos}", std::process::id()));
+    let dir = project_dir.join(format!("probe-{}-{nanos}", std::process::id()));
     let scratch = Scratch(dir.clone());
     std::fs::create_dir(&dir).map_err(|e| format!("probe scratch {}: {e}", dir.display()))?;
     for d in ["fuse", "lower", "upper", "work", "merged"] {

@@ -453,7 +453,17 @@ impl Importer<'_, '_> {
 /// ended before importing) into its delta `db` over `source`, then remove it. The delta is
 /// locked as a server locks it (a held lock fails: the project is in use).
 pub fn recover(project_dir: &Path, db: &Path, source: &Path) -> Result<Imported, String> {
-    let _lock = crate::sys::lock::lock_db(db).map_err(|e| e.to_string())?;
+    let lock = crate::sys::lock::lock_db(db).map_err(|e| e.to_string())?;
+    recover_locked(&lock, project_dir, db, source)
+}
+
+/// [`recover`] for a caller that already holds the delta's lock (`agentfs convert`).
+pub fn recover_locked(
+    _held: &crate::sys::lock::DbLock,
+    project_dir: &Path,
+    db: &Path,
+    source: &Path,
+) -> Result<Imported, String> {
     let store = Store::open(db, false).map_err(|e| format!("{}: {e}", db.display()))?;
     let done = import(&store, source, project_dir)?;
     remove(project_dir)?;
