@@ -52,6 +52,15 @@ fn exit_statuses(w: &World) {
     }
     let o = w.af(&["exec", "proj", "--", "sh", "-c", "exit 5"]);
     assert_eq!(o.status.code(), Some(5), "{}", err(&o));
+    // The suite's backend (AGENTFS_MOUNT_BACKEND) reached the launches, as root and as the user.
+    let o = w.af(&["status", "proj", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["projects"][0]["backend"], common::backend(), "{v}");
+    assert_eq!(
+        v["projects"][0]["last_run"]["backend"],
+        common::backend(),
+        "{v}"
+    );
     assert!(
         host_mounts_of(&src).is_empty(),
         "{:?}",
