@@ -242,6 +242,68 @@ fn discard_ends_only_its_own_sandbox_as_a_user() {
     }
 }
 
+/// A live overlayfs run keeps what it wrote in its upper directory until it ends, where the
+/// delta does not see it: a discard cannot tell what it would lose and is refused without
+/// --force, the sandbox untouched.
+fn discard_refuses_a_live_overlayfs_run(w: &World) {
+    let src = project(w, "ovl");
+    let script = format!("echo w > {}/w; sleep 1000", s(&src));
+    let mut run = w
+        .command(
+            &common::bin(),
+            &[
+                "run",
+                "ovl",
+                "--mount-backend",
+                "overlayfs",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        )
+        .spawn()
+        .unwrap();
+    let m = wait_live(w, "ovl", &mut run);
+    let written = w.root().join("ovl/upper/w");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !written.exists() {
+        if Instant::now() > deadline {
+            let _ = run.kill();
+            panic!("the sandbox never wrote");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let refusal = w.af(&["discard", "ovl", "--json"]);
+    let alive = running(pid_of(&m["pid1"]));
+    let kept = w.root().join("ovl/delta.db").exists();
+    let forced = w.af(&["discard", "ovl", "--force", "--json"]);
+    let ended = common::wait_timeout(&mut run, Duration::from_secs(10));
+    if ended.is_none() {
+        let _ = run.kill();
+    }
+    refused(&refusal, 4, "unapplied_changes");
+    assert!(alive, "a refused discard touched the sandbox");
+    assert!(kept, "a refused discard removed the delta");
+    assert_eq!(json_out(&forced)["discarded"], "ovl");
+    assert!(ended.is_some(), "the sandbox outlived a forced discard");
+    assert!(!w.root().join("ovl").exists());
+}
+
+#[test]
+fn discard_refuses_a_live_overlayfs_run_as_root() {
+    let _s = serial();
+    discard_refuses_a_live_overlayfs_run(&World::new(None));
+}
+
+#[test]
+fn discard_refuses_a_live_overlayfs_run_as_a_user() {
+    let _s = serial();
+    if user_can_run("discard_refuses_a_live_overlayfs_run_as_a_user") {
+        discard_refuses_a_live_overlayfs_run(&World::new(Some(USER)));
+    }
+}
+
 /// A mounted delta is unmounted before the directory goes; a mount held busy refuses the
 /// discard and leaves everything in place.
 #[test]
