@@ -71,7 +71,7 @@ fn ops_entry() {
     let mut words = spec.splitn(3, ' ');
     let mut next = || words.next().expect("SEED STEPS DIR");
     let (seed, steps): (u64, u64) = (next().parse().unwrap(), next().parse().unwrap());
-    let dir = std::path::PathBuf::from(next());
+    let dir = PathBuf::from(next());
     let mut r = Rng(seed);
     for step in 0..steps {
         let op = r.below(KINDS);
