@@ -219,6 +219,10 @@ fn checkpoint_inside_waits_for_the_commit_and_outside_does_nothing() {
 
 #[test]
 fn automatic_checkpoints_follow_pauses_and_the_ceiling() {
+    let test = "automatic_checkpoints_follow_pauses_and_the_ceiling";
+    if !common::fuse_only(test, "automatic checkpoints") {
+        return;
+    }
     let Some(r) = Run::new() else { return };
     // A pause longer than the idle time: one checkpoint, taken by the watcher alone.
     let o = r.run(

@@ -52,6 +52,15 @@ fn exit_statuses(w: &World) {
     }
     let o = w.af(&["exec", "proj", "--", "sh", "-c", "exit 5"]);
     assert_eq!(o.status.code(), Some(5), "{}", err(&o));
+    // The suite's backend (AGENTFS_MOUNT_BACKEND) reached the launches, as root and as the user.
+    let o = w.af(&["status", "proj", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["projects"][0]["backend"], common::backend(), "{v}");
+    assert_eq!(
+        v["projects"][0]["last_run"]["backend"],
+        common::backend(),
+        "{v}"
+    );
     assert!(
         host_mounts_of(&src).is_empty(),
         "{:?}",
@@ -395,7 +404,8 @@ fn a_linked_worktree_commits_once_its_git_directory_is_granted() {
     assert_eq!(stdout(&granted), "2\n");
 }
 
-/// `--mount-backend auto` (the default for a new project) decides by mounting: with /dev/fuse
+/// `--mount-backend auto` (the default for a new project, asked for explicitly so that
+/// AGENTFS_MOUNT_BACKEND does not decide) decides by mounting: with /dev/fuse
 /// closed to the user it picks overlayfs, with /dev/fuse open it picks FUSE; the choice and
 /// its reason are in config.toml, the run record and `status --json`, and the project keeps
 /// it (asking for the other backend is `backend_mismatch`).
@@ -428,6 +438,8 @@ fn auto_picks_overlayfs_when_fuse_is_unavailable_and_fuse_otherwise() {
         let o = w.af(&[
             "quick",
             src.to_str().unwrap(),
+            "--mount-backend",
+            "auto",
             "--",
             "sh",
             "-c",
@@ -469,7 +481,14 @@ fn auto_picks_overlayfs_when_fuse_is_unavailable_and_fuse_otherwise() {
     }
     let w = World::new(Some(USER));
     let src = w.source("fs");
-    launched(&w.af(&["quick", src.to_str().unwrap(), "--", "true"]));
+    launched(&w.af(&[
+        "quick",
+        src.to_str().unwrap(),
+        "--mount-backend",
+        "auto",
+        "--",
+        "true",
+    ]));
     let (backend, why) = chosen(&w);
     assert_eq!(backend, "fuse", "{why}");
     assert!(why.contains("FUSE mount succeeded"), "{why}");
@@ -477,7 +496,7 @@ fn auto_picks_overlayfs_when_fuse_is_unavailable_and_fuse_otherwise() {
 
 /// AGENTFS_MOUNT_BACKEND chooses the backend of a project's first launch without the flag;
 /// later it changes nothing (the project keeps its backend); a value it does not know is
-/// `bad_knob`.
+/// `bad_knob`; `--mount-backend auto` is not overridden by it.
 #[test]
 fn the_default_backend_knob_decides_only_a_first_launch() {
     if !common::fuse_or_skip("the_default_backend_knob_decides_only_a_first_launch") {
@@ -510,6 +529,28 @@ fn the_default_backend_knob_decides_only_a_first_launch() {
         &run("kernel", &["run", "kn", "--", "true"]),
         125,
         "bad_knob",
+    );
+    // The flag wins over the knob, `--mount-backend auto` too: it probes (FUSE mounts here).
+    let src = w.source("kn-auto");
+    launched(&run(
+        "overlayfs",
+        &[
+            "quick",
+            src.to_str().unwrap(),
+            "--mount-backend",
+            "auto",
+            "--",
+            "true",
+        ],
+    ));
+    let o = w.af(&["status", "kn-auto", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["projects"][0]["backend"], "fuse", "{v}");
+    assert!(
+        v["projects"][0]["last_run"]["backend_reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("auto: ")),
+        "{v}"
     );
 }
 

@@ -32,7 +32,15 @@ pub struct Args {
 pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
     let root = project::root(knobs)?;
     let p = Project::open(&root, &a.name)?;
-    let unapplied = p.unapplied();
+    // A live overlayfs run keeps its changes in its upper directory until it ends: the delta
+    // cannot say what the discard would lose.
+    let unapplied = match crate::sandbox::live(&p.dir) {
+        Some(_) if crate::sandbox::upper_left_over(&p.dir) => Err(format!(
+            "{}: its sandbox runs on overlayfs, whose changes reach the delta only when it ends",
+            Code::UnappliedChanges.as_str()
+        )),
+        _ => p.unapplied(),
+    };
     match (&unapplied, a.force) {
         (_, true) | (Ok(0), _) => {}
         (Ok(n), false) => {

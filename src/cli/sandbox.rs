@@ -281,8 +281,9 @@ fn choose_backend(
             _ => Ok((kept, "config.toml".into())),
         };
     }
-    let (backend, why) = match asked_for.or(named(default)) {
-        Some(b) if asked_for.is_some() => (b, format!("--mount-backend {}", name(b))),
+    // The flag wins over the knob, `--mount-backend auto` included.
+    let (backend, why) = match named(asked.unwrap_or(default)) {
+        Some(b) if asked.is_some() => (b, format!("--mount-backend {}", name(b))),
         Some(b) => (b, format!("AGENTFS_MOUNT_BACKEND={}", name(b))),
         None => {
             let c = crate::sandbox::probe::probe(&project.dir)

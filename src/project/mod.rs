@@ -355,7 +355,11 @@ impl Project {
     /// Write config.toml (whole, through a temporary file and a rename).
     pub fn save(&self) -> Result<(), Error> {
         let file = self.dir.join(CONFIG);
-        let tmp = self.dir.join(".config.toml.tmp");
+        // One temporary file per process: two launches of a new project both record its
+        // backend, and with one shared name the second rename found the file gone.
+        let tmp = self
+            .dir
+            .join(format!(".config.toml.{}.tmp", std::process::id()));
         let text = config::render(&self.config)?;
         std::fs::write(&tmp, text)
             .and_then(|()| std::fs::rename(&tmp, &file))

@@ -59,6 +59,27 @@ pub fn fuse_or_skip(test: &str) -> bool {
     false
 }
 
+/// The mount backend the projects of this test run take: AGENTFS_MOUNT_BACKEND, which every
+/// launch of a new project inherits (validation/run-all.sh runs the sandbox, history and harness
+/// suites once more with it set to overlayfs). "overlayfs" when it says so, else "fuse" (`auto`
+/// picks FUSE where these tests run).
+pub fn backend() -> &'static str {
+    match std::env::var("AGENTFS_MOUNT_BACKEND").as_deref() {
+        Ok("overlayfs") => "overlayfs",
+        _ => "fuse",
+    }
+}
+
+/// Whether `test` may check `what`, a property only the FUSE backend has (docs/sandbox.md,
+/// "What differs on overlayfs"). On overlayfs it says on stderr what is skipped and why.
+pub fn fuse_only(test: &str, what: &str) -> bool {
+    let fuse = backend() == "fuse";
+    if !fuse {
+        eprintln!("SKIP {test}: {what} holds on the FUSE backend only, not on overlayfs");
+    }
+    fuse
+}
+
 /// True while `mnt` is a mount point.
 pub fn is_mounted(mnt: &Path) -> bool {
     let canon = std::fs::canonicalize(mnt).unwrap_or_else(|_| mnt.to_path_buf());
