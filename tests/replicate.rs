@@ -646,6 +646,68 @@ impl Drop for ReleaseOnDrop {
     }
 }
 
+/// `run p --replicate url` of a project `p` made over a new source, whose command waits for
+/// the file `go` in a directory bound into the view (`ctl`, writable by the command's user),
+/// then runs `then`; returned once the sandbox is live, with `ctl` and the source. The guard
+/// writes `go` when dropped, so a failed assertion does not leave the sandbox waiting.
+fn gated_replicated_run(
+    w: &World,
+    url: &str,
+    json: bool,
+    then: &str,
+    env: &[(&str, &str)],
+) -> Gated {
+    let src = w.source("p-src");
+    ok(&af(w, &["init", "p", "--base", src.to_str().unwrap()]));
+    let ctl = w.base.join("ctl");
+    fs::create_dir(&ctl).unwrap();
+    fs::set_permissions(&ctl, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let script = format!(
+        "while [ ! -e {0}/go ]; do sleep 0.1; done; {then}",
+        ctl.display()
+    );
+    let json = if json { &["--json"][..] } else { &[][..] };
+    let args = [
+        "run",
+        "p",
+        "--replicate",
+        url,
+        "--bind",
+        ctl.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ];
+    let mut run = s3::apply(&mut w.command(&common::bin(), &[json, &args[..]].concat()))
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let release = ReleaseOnDrop(ctl.join("go"));
+    let deadline = Instant::now() + PATIENCE;
+    while !sandbox_live(w, "p") {
+        assert!(run.try_wait().unwrap().is_none(), "run ended early");
+        assert!(Instant::now() < deadline, "the sandbox never went live");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Gated {
+        run,
+        ctl,
+        src,
+        _release: release,
+    }
+}
+
+/// What [`gated_replicated_run`] started.
+struct Gated {
+    run: Child,
+    ctl: PathBuf,
+    src: PathBuf,
+    _release: ReleaseOnDrop,
+}
+
 /// Whether project `name` has a live sandbox (`status --json`).
 fn sandbox_live(w: &World, name: &str) -> bool {
     let v: Value = serde_json::from_str(&ok(&af(w, &["status", "--json"]))).unwrap();
@@ -665,43 +727,12 @@ fn exec_joins_a_replicated_sandbox_only_with_its_url() {
     let s3 = S3::start();
     let url = s3.bucket("joined", "proj");
     let other = url.replace("/proj?", "/other?");
-    let src = w.source("p-src");
-    ok(&af(&w, &["init", "p", "--base", src.to_str().unwrap()]));
-    let ctl = w.base.join("ctl");
-    fs::create_dir(&ctl).unwrap();
-    // Writable by the command's user, so only the refusal keeps the marker away.
-    fs::set_permissions(&ctl, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    let script = format!(
-        "while [ ! -e {0}/go ]; do sleep 0.1; done; echo main > main",
-        ctl.display()
-    );
-    let mut run = s3::apply(&mut w.command(
-        &common::bin(),
-        &[
-            "run",
-            "p",
-            "--replicate",
-            &url,
-            "--bind",
-            ctl.to_str().unwrap(),
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    ))
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    // A failed assertion must not leave the sandbox waiting for `go`.
-    let _release = ReleaseOnDrop(ctl.join("go"));
-    let deadline = Instant::now() + PATIENCE;
-    while !sandbox_live(&w, "p") {
-        assert!(run.try_wait().unwrap().is_none(), "run ended early");
-        assert!(Instant::now() < deadline, "the sandbox never went live");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let Gated {
+        mut run,
+        ctl,
+        src,
+        _release,
+    } = gated_replicated_run(&w, &url, false, "echo main > main", &[]);
     // status shows the sandbox replicating, owned by its supervisor.
     let v: Value = serde_json::from_str(&ok(&af(&w, &["status", "--json"]))).unwrap();
     assert!(
@@ -1074,43 +1105,18 @@ fn sandbox_replica_behind(user: Option<u32>) {
     let w = World::new(user);
     let mut s3 = S3::start();
     let url = s3.bucket("sandbox-behind", "proj");
-    let src = w.source("p-src");
-    ok(&af(&w, &["init", "p", "--base", src.to_str().unwrap()]));
-    let ctl = w.base.join("ctl");
-    fs::create_dir(&ctl).unwrap();
-    fs::set_permissions(&ctl, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    let script = format!(
-        "while [ ! -e {0}/go ]; do sleep 0.1; done; echo late > late; exit 3",
-        ctl.display()
+    let Gated {
+        mut run,
+        ctl,
+        _release,
+        ..
+    } = gated_replicated_run(
+        &w,
+        &url,
+        true,
+        "echo late > late; exit 3",
+        &[("AGENTFS_REPLICA_STOP_WAIT_MS", "1000")],
     );
-    let mut run = s3::apply(&mut w.command(
-        &common::bin(),
-        &[
-            "--json",
-            "run",
-            "p",
-            "--replicate",
-            &url,
-            "--bind",
-            ctl.to_str().unwrap(),
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    ))
-    .env("AGENTFS_REPLICA_STOP_WAIT_MS", "1000")
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let _release = ReleaseOnDrop(ctl.join("go"));
-    let deadline = Instant::now() + PATIENCE;
-    while !sandbox_live(&w, "p") {
-        assert!(run.try_wait().unwrap().is_none(), "run ended early");
-        assert!(Instant::now() < deadline, "the sandbox never went live");
-        std::thread::sleep(Duration::from_millis(100));
-    }
     let _ = s3.child.kill();
     let _ = s3.child.wait();
     fs::write(ctl.join("go"), b"").unwrap();
