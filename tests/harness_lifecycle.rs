@@ -585,6 +585,18 @@ fn apply_killed_halfway(via_recover: bool, user: Option<u32>) {
         "apply_conflict",
     );
 
+    // What a backend probe killed before its cleanup leaves (overlayfs's work/work has mode 0).
+    let probe = dir.join(format!("probe-{pid}-1"));
+    fs::create_dir_all(probe.join("work/work")).unwrap();
+    for d in ["", "work", "work/work"] {
+        w.own(&probe.join(d));
+    }
+    fs::set_permissions(
+        probe.join("work/work"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o000),
+    )
+    .unwrap();
+
     if via_recover {
         let found = recover(&w);
         let kinds: Vec<&str> = about(&found, s(&w.base))
@@ -594,13 +606,16 @@ fn apply_killed_halfway(via_recover: bool, user: Option<u32>) {
         assert!(kinds.contains(&"interrupted_apply"), "{found:?}");
         assert!(kinds.contains(&"apply_copy"), "{found:?}");
         assert!(kinds.contains(&"apply_temp"), "{found:?}");
+        assert!(kinds.contains(&"probe_scratch"), "{found:?}");
         assert!(found.iter().all(|f| f["ok"] == true), "{found:?}");
         assert!(about(&recover(&w), s(&w.base)).is_empty());
         let rest: Vec<_> = fs::read_dir(&dir)
             .unwrap()
             .flatten()
             .map(|e| e.file_name().into_string().unwrap())
-            .filter(|n| n.starts_with("apply-copy-") || n.ends_with("-apply"))
+            .filter(|n| {
+                n.starts_with("apply-copy-") || n.ends_with("-apply") || n.starts_with("probe-")
+            })
             .collect();
         assert!(rest.is_empty(), "{rest:?}");
     }

@@ -179,6 +179,7 @@ fn projects(root: &Path) -> Vec<Finding> {
         out.extend(dead_sandbox(&p));
         out.extend(unimported_upper(&p));
         out.extend(apply_copies(&p));
+        out.extend(probe_scratch(&p));
         out.extend(interrupted_apply(&p));
     }
     out
@@ -280,6 +281,17 @@ fn apply_copies(p: &Project) -> Vec<Finding> {
         .collect();
     out.sort_by(|a, b| a.path.cmp(&b.path));
     out
+}
+
+/// Scratch directories of `--mount-backend auto` probes killed before they removed them.
+fn probe_scratch(p: &Project) -> Vec<Finding> {
+    crate::sandbox::probe::leftover_scratch(&p.dir)
+        .into_iter()
+        .map(|(path, pid)| {
+            let r = crate::sandbox::probe::remove_scratch(&path).map_err(|e| e.to_string());
+            Finding::new("probe_scratch", &path, Some(pid)).fixed("removed", r)
+        })
+        .collect()
 }
 
 /// The journal of an apply that stopped halfway: finished (see [`crate::delta::journal`]).

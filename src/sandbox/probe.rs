@@ -30,7 +30,7 @@ pub fn probe(project_dir: &Path) -> Result<Choice, String> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let dir = project_dir.join(format!("probe-{}-{nanos}", std::process::id()));
+    let dir = project_dir.join(format!("{SCRATCH}{}-{nanos}", std::process::id()));
     let scratch = Scratch(dir.clone());
     std::fs::create_dir(&dir).map_err(|e| format!("probe scratch {}: {e}", dir.display()))?;
     for d in ["fuse", "lower", "upper", "work", "merged"] {
@@ -60,14 +60,42 @@ struct Scratch(std::path::PathBuf);
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        use std::os::unix::fs::PermissionsExt as _;
-        // Overlayfs leaves work/work with mode 0.
-        let _ = std::fs::set_permissions(
-            self.0.join("work/work"),
-            std::fs::Permissions::from_mode(0o700),
-        );
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = remove_scratch(&self.0);
     }
+}
+
+/// The prefix of a probe's scratch directory in a project's directory (`probe-<pid>-<nanos>`).
+const SCRATCH: &str = "probe-";
+
+/// Remove a probe's scratch directory and everything overlayfs left in it.
+pub fn remove_scratch(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    // Overlayfs leaves work/work with mode 0.
+    let _ = std::fs::set_permissions(
+        dir.join("work/work"),
+        std::fs::Permissions::from_mode(0o700),
+    );
+    std::fs::remove_dir_all(dir)
+}
+
+/// Scratch directories in `project_dir` of probes that are gone (killed before they removed
+/// theirs), with the pid each names.
+pub fn leftover_scratch(project_dir: &Path) -> Vec<(std::path::PathBuf, u32)> {
+    let Ok(rd) = std::fs::read_dir(project_dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<_> = rd
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            let (pid, nanos) = name.strip_prefix(SCRATCH)?.split_once('-')?;
+            let pid: u32 = pid.parse().ok()?;
+            nanos.parse::<u32>().ok()?;
+            (e.file_type().ok()?.is_dir() && !ns::running(pid as i32)).then(|| (e.path(), pid))
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// The outcome of one attempt as the child reports it.
