@@ -258,6 +258,14 @@ fn init_mount_write_diff(w: &World) {
     let out = w.cmd(sh, &["-c", &script]);
     assert!(out.status.success(), "{}", err(&out));
     assert_eq!(out.stdout, b"hello\n");
+    // `status NAME --json` shows the project's own mount (and only its mounts).
+    let out = w.af(&["status", "web", "--json"]);
+    assert!(out.status.success(), "{}", err(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mounts = v["mounts"].as_array().unwrap();
+    assert_eq!(mounts.len(), 1, "{v}");
+    assert_eq!(mounts[0]["mount_point"], mnt_s, "{v}");
+    assert!(mounts[0]["requests"]["devfuse"].is_u64() || mounts[0]["requests"]["ring"].is_u64());
     let out = w.af(&["umount", mnt_s]);
     assert!(out.status.success(), "{}", err(&out));
     assert!(!common::is_mounted(&mnt));

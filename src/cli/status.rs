@@ -22,10 +22,15 @@ pub struct Args {
 pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
     // Without a home there are no projects to list, and the mounts are still shown.
     let root = project::root(knobs);
+    // With a name: that project's directory, whose databases the mounts and replications
+    // shown are narrowed to.
+    let mut only: Option<std::path::PathBuf> = None;
     let projects: Vec<(String, Result<Project, project::Error>)> = match (&a.name, root) {
         (Some(n), root) => {
             let p = root.and_then(|r| Project::open(&r, n));
-            vec![(n.clone(), Ok(p.map_err(|e| e.to_string())?))]
+            let p = p.map_err(|e| e.to_string())?;
+            only = Some(p.dir.clone());
+            vec![(n.clone(), Ok(p))]
         }
         (None, Ok(root)) => Project::list(&root),
         (None, Err(_)) => Vec::new(),
@@ -35,16 +40,21 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
         .map(|(n, p)| project_json(&n, p))
         .collect();
     if a.json {
-        let mounts = if a.name.is_some() {
-            Vec::new()
-        } else {
-            mounts_json(a.all)
+        let of_project = |v: &Value, key: &str| match &only {
+            None => true,
+            Some(dir) => v[key]
+                .as_str()
+                .or_else(|| v[key][0]["db"].as_str())
+                .is_some_and(|db| std::path::Path::new(db).starts_with(dir)),
         };
-        let replications = if a.name.is_some() {
-            Vec::new()
-        } else {
-            replications_json(knobs)
-        };
+        let mounts: Vec<Value> = mounts_json(a.all || only.is_some())
+            .into_iter()
+            .filter(|m| of_project(m, "db"))
+            .collect();
+        let replications: Vec<Value> = replications_json(knobs)
+            .into_iter()
+            .filter(|r| of_project(r, "databases"))
+            .collect();
         super::say(format_args!(
             "{}",
             json!({ "mounts": mounts, "replications": replications, "projects": projects })
