@@ -868,7 +868,16 @@ fn no_backend_mounts(user: Option<u32>) {
     let flag = src.join("ran");
     let script = format!("touch {}", flag.display());
     let bin = common::bin();
-    let args = ["quick", src.to_str().unwrap(), "--", "sh", "-c", &script];
+    let args = [
+        "quick",
+        src.to_str().unwrap(),
+        "--mount-backend",
+        "auto",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ];
     let mut c = match user {
         Some(_) => w.command(&bin, &args),
         None => {
