@@ -40,21 +40,16 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
         .map(|(n, p)| project_json(&n, p))
         .collect();
     if a.json {
-        let of_project = |v: &Value, key: &str| match &only {
-            None => true,
-            Some(dir) => v[key]
-                .as_str()
-                .or_else(|| v[key][0]["db"].as_str())
-                .is_some_and(|db| std::path::Path::new(db).starts_with(dir)),
+        let mounts = match &only {
+            None => mounts_json(a.all),
+            Some(dir) => registry::live()
+                .iter()
+                .filter(|s| s.db.starts_with(dir))
+                .map(server_json)
+                .collect(),
         };
-        let mounts: Vec<Value> = mounts_json(a.all || only.is_some())
-            .into_iter()
-            .filter(|m| of_project(m, "db"))
-            .collect();
-        let replications: Vec<Value> = replications_json(knobs)
-            .into_iter()
-            .filter(|r| of_project(r, "databases"))
-            .collect();
+        let replications =
+            replications_json(knobs, |db| only.as_ref().is_none_or(|d| db.starts_with(d)));
         super::say(format_args!(
             "{}",
             json!({ "mounts": mounts, "replications": replications, "projects": projects })
@@ -239,9 +234,12 @@ fn print_projects(projects: &[Value]) {
 
 /// Every live replication: its owner and Litestream pids, and per database the replica's
 /// position and lag (docs: "Many machines").
-fn replications_json(knobs: &Knobs) -> Vec<Value> {
+/// The live replications, those with a database `keep` accepts (their positions asked of
+/// Litestream only for those).
+fn replications_json(knobs: &Knobs, keep: impl Fn(&std::path::Path) -> bool) -> Vec<Value> {
     replica::live()
         .iter()
+        .filter(|r| r.dbs.iter().any(|(db, _)| keep(db)))
         .map(|r| {
             json!({
                 "pid": r.pid,
@@ -255,7 +253,7 @@ fn replications_json(knobs: &Knobs) -> Vec<Value> {
 }
 
 fn print_replications(knobs: &Knobs) {
-    let live = replications_json(knobs);
+    let live = replications_json(knobs, |_| true);
     if live.is_empty() {
         return;
     }
@@ -292,26 +290,7 @@ fn print_replications(knobs: &Knobs) {
 fn mounts_json(all: bool) -> Vec<Value> {
     let me = crate::sys::ids::effective().0;
     let servers = registry::live();
-    let mut out: Vec<Value> = servers
-        .iter()
-        .map(|s| {
-            json!({
-                "pid": s.pid,
-                "transport": s.transport,
-                "mount_point": s.mount_point,
-                "db": s.db,
-                "log": s.log,
-                "lost": s.lost,
-                "requests": {
-                    "ring": s.ring_requests,
-                    "devfuse": s.devfuse_requests,
-                    "forgets": s.forgets,
-                    "worker": s.worker_requests,
-                },
-                "memory": memory_json(&s.memory),
-            })
-        })
-        .collect();
+    let mut out: Vec<Value> = servers.iter().map(server_json).collect();
     out.extend(
         mounts::agentfs_mounts()
             .into_iter()
@@ -320,6 +299,25 @@ fn mounts_json(all: bool) -> Vec<Value> {
             .map(|m| json!({ "pid": null, "mount_point": m.mount_point, "owner": m.owner })),
     );
     out
+}
+
+/// One live server as JSON: where it serves what, its request counters and its memory.
+fn server_json(s: &registry::ServerRecord) -> Value {
+    json!({
+        "pid": s.pid,
+        "transport": s.transport,
+        "mount_point": s.mount_point,
+        "db": s.db,
+        "log": s.log,
+        "lost": s.lost,
+        "requests": {
+            "ring": s.ring_requests,
+            "devfuse": s.devfuse_requests,
+            "forgets": s.forgets,
+            "worker": s.worker_requests,
+        },
+        "memory": memory_json(&s.memory),
+    })
 }
 
 fn print_mounts(all: bool) {
