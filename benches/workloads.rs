@@ -8,7 +8,9 @@
 //! fresh database per repetition, the database on the same ext4 disk as the native peer), a
 //! native ext4 directory (the limit every ratio is taken against) and a tmpfs we mount. The
 //! overlay form (module `overlay`) follows: one lower tree through kernel overlayfs,
-//! fuse-overlayfs and AgentFS overlay mode side by side, with the delta's growth.
+//! fuse-overlayfs and AgentFS overlay mode side by side, with the delta's growth. Then the
+//! sandbox (module `sandbox`; alone: `-- sandbox`): the same workloads inside a sandbox on each
+//! mount backend, beside a plain mount of the project and a native ext4 directory.
 //!
 //! Workloads (rows), each repeated `REPS` times with targets interleaved inside a repetition so
 //! drift on a noisy machine hits every column alike; cells show the median and min–max:
@@ -1211,7 +1213,7 @@ fn main() {
             .and_then(|bin| sandbox::run_sandbox(&bin, &work, &plan, &tree))
             .unwrap_or_else(|e| format!("failed: {e}\n"));
         println!(
-            "\nAgentFS workloads{}, a sandbox beside a plain mount of its project — {}\n\n{table}",
+            "\nAgentFS workloads{}, a sandbox on each backend beside a plain mount and native ext4 — {}\n\n{table}",
             if plan.quick { " (quick)" } else { "" },
             machine()
         );
@@ -1342,7 +1344,7 @@ fn main() {
     let tab = table(&cols, &plan, &tree);
     println!(
         "\nAgentFS workloads{} — {m}, {secs:.0} s\n\n{tab}\nOverlay form (one lower tree, \
-         copy-on-write on top):\n\n{ov_table}\nA sandbox beside a plain mount of its project:\n\n{sb_table}",
+         copy-on-write on top):\n\n{ov_table}\nA sandbox on each backend beside a plain mount and native ext4:\n\n{sb_table}",
         if plan.quick { " (quick)" } else { "" }
     );
     let j = json(&cols, &plan, &tree, unix, &m, secs, &ov_json);

@@ -1,21 +1,24 @@
-//! The workloads inside a sandbox beside the same workloads on a plain mount of the same
-//! project, alternating inside each repetition (the issue allows the sandbox 10%).
+//! The workloads inside a sandbox on each mount backend, beside the same workloads on a plain
+//! mount of the project's delta and in a native ext4 directory, alternating inside each
+//! repetition (the sandbox issue allows the sandbox 10% over the mount).
 //!
-//! One project (`agentfs quick` of a scratch source directory, its projects root in the scratch
-//! space). Each repetition gives it a fresh delta, then runs the suite's workloads (everything
-//! `one_rep` runs) in a copy of this bench started as a runner:
-//! * `mount`: on `agentfs mount DELTA MNT -f` (the project's delta over its directory), the
-//!   runner a plain child working under MNT;
-//! * `sandbox`: inside `agentfs exec <project> --ro-bind HOST -- RUNNER`, working at the
-//!   project's real path, as the sandbox's unprivileged user.
+//! Two projects (`agentfs quick` of scratch source directories, their projects root in the
+//! scratch space), one per backend. Each repetition gives a project a fresh delta, then runs the
+//! suite's workloads (everything `one_rep` runs) in a copy of this bench started as a runner:
+//! * `ext4`: the runner a plain child working in a directory on the ext4 disk;
+//! * `mount`: on `agentfs mount DELTA MNT -f` (the FUSE project's delta over its directory),
+//!   the runner a plain child working under MNT;
+//! * `sandbox` (FUSE, with and without automatic checkpoints) and `sandbox, overlayfs`: inside
+//!   `agentfs exec <project> --ro-bind HOST -- RUNNER`, working at the project's real path, as
+//!   the sandbox's unprivileged user.
 //!
 //! HOST holds the runner (a copy of this binary) and the source tree the copy workloads read,
-//! so both targets read the tree from the same ext4 directory. Caches are made cold the same way
-//! on both: the runner asks, the bench syncs and drops the kernel's caches (a sandbox cannot be
-//! remounted mid-run, so the mount is not remounted either; the server's SQLite cache stays warm
-//! on both). The runner prints one `S key value seconds` line per measurement; before it exits it
-//! asks for the resident sets: the mount's server, and the sandbox's server (its supervisor) plus
-//! its pid 1.
+//! so every target reads the tree from the same ext4 directory. Caches are made cold the same
+//! way on all: the runner asks, the bench syncs and drops the kernel's caches (a sandbox cannot
+//! be remounted mid-run, so the mount is not remounted either; the server's SQLite cache stays
+//! warm). The runner prints one `S key value seconds` line per measurement; before it exits it
+//! asks for the resident sets: the mount's server, and a sandbox's supervisor (the server, on
+//! FUSE) plus its pid 1.
 
 use super::*;
 use std::io::BufRead as _;
@@ -24,6 +27,16 @@ use std::io::BufRead as _;
 pub const RUNNER_ARG: &str = "--sandbox-runner";
 
 const PROJECT: &str = "wl";
+const PROJECT_OV: &str = "wl-ov";
+
+/// A sandbox column: which project (and so which mount backend) and the knobs it runs with.
+struct Sandbox<'a> {
+    column: &'static str,
+    project: &'static str,
+    backend: &'static str,
+    src: &'a Path,
+    knobs: &'static [(&'static str, &'static str)],
+}
 
 /// Runner side: run the suite on DIR, talking to the bench on stdin/stdout.
 pub fn runner(args: &[String]) -> ! {
@@ -140,16 +153,28 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
     if dir.exists() {
         io(fs::remove_dir_all(&dir), &dir)?;
     }
-    let (projects, src, host, mnt) = (
+    let (projects, host, mnt, ext4) = (
         dir.join("projects"),
-        dir.join("src"),
         dir.join("host"),
         dir.join("mnt"),
+        dir.join("ext4"),
     );
-    for d in [&projects, &src, &host, &mnt, &host.join("tree")] {
+    // One project per backend, each over its own source directory.
+    let (src, src_ov) = (dir.join("src"), dir.join("src-ov"));
+    for d in [
+        &projects,
+        &src,
+        &src_ov,
+        &host,
+        &mnt,
+        &ext4,
+        &host.join("tree"),
+    ] {
         io(fs::create_dir_all(d), d)?;
     }
-    io(fs::write(src.join("README"), b"project\n"), &src)?;
+    for s in [&src, &src_ov] {
+        io(fs::write(s.join("README"), b"project\n"), s)?;
+    }
     // The runner and the tree, readable by the sandbox's unprivileged user.
     let runner = host.join("runner");
     let me = io(std::env::current_exe(), Path::new("current_exe"))?;
@@ -164,40 +189,74 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
         c.args(args).env("AGENTFS_PROJECTS_DIR", &projects);
         c
     };
-    let src_s = src.to_string_lossy().into_owned();
-    run(&mut af(&["quick", &src_s, "--name", PROJECT, "--", "true"]))?;
-    let db = projects.join(PROJECT).join("delta.db");
-    let fresh_delta = || -> Result<(), String> {
+    let s = |p: &Path| p.to_string_lossy().into_owned();
+    let size = if plan.quick { "quick" } else { "full" };
+    let tree_s = s(&host.join("tree"));
+    let (host_s, runner_s) = (s(&host), s(&runner));
+    // The columns. "no checkpoints" separates the view's cost from the history's (each
+    // checkpoint freezes the runner and walks the delta).
+    let sandboxes: [Sandbox; 3] = [
+        Sandbox {
+            column: "sandbox",
+            project: PROJECT,
+            backend: "fuse",
+            src: &src,
+            knobs: &[],
+        },
+        Sandbox {
+            column: "sandbox, no checkpoints",
+            project: PROJECT,
+            backend: "fuse",
+            src: &src,
+            knobs: &[
+                ("AGENTFS_CHECKPOINT_IDLE_MS", "0"),
+                ("AGENTFS_CHECKPOINT_MAX_S", "0"),
+            ],
+        },
+        Sandbox {
+            column: "sandbox, overlayfs",
+            project: PROJECT_OV,
+            backend: "overlayfs",
+            src: &src_ov,
+            knobs: &[],
+        },
+    ];
+    for sb in &sandboxes {
+        if !projects.join(sb.project).exists() {
+            run(&mut af(&[
+                "quick",
+                &s(sb.src),
+                "--name",
+                sb.project,
+                "--mount-backend",
+                sb.backend,
+                "--",
+                "true",
+            ]))?;
+        }
+    }
+    // A fresh delta of `project` over `src` (and no upper an overlayfs run left).
+    let fresh_delta = |project: &str, src: &Path| -> Result<(), String> {
+        let pdir = projects.join(project);
+        let db = pdir.join("delta.db");
         for suffix in ["", "-wal", "-shm"] {
             let _ = fs::remove_file(format!("{}{suffix}", db.display()));
+        }
+        for d in ["upper", "work"] {
+            let d = pdir.join(d);
+            if d.exists() {
+                io(fs::remove_dir_all(&d), &d)?;
+            }
         }
         run(Command::new(bin)
             .arg("init")
             .arg(&db)
             .arg("--base")
-            .arg(&src))
+            .arg(src))
     };
-    let size = if plan.quick { "quick" } else { "full" };
-    let tree_s = host.join("tree").to_string_lossy().into_owned();
-    // The sandbox columns and the knobs each sets. "no checkpoints" separates the view's cost
-    // from the history's (each checkpoint freezes the runner and walks the delta); "walk at
-    // nice 0" shows what running the walk at the server's priority would cost.
-    let sandboxes: [(&str, &[(&str, &str)]); 3] = [
-        ("sandbox", &[]),
-        (
-            "sandbox, no checkpoints",
-            &[
-                ("AGENTFS_CHECKPOINT_IDLE_MS", "0"),
-                ("AGENTFS_CHECKPOINT_MAX_S", "0"),
-            ],
-        ),
-        (
-            "sandbox, walk at nice 0",
-            &[("AGENTFS_CHECKPOINT_NICE", "0")],
-        ),
-    ];
-    let mut cols: Vec<Column> = std::iter::once("mount")
-        .chain(sandboxes.iter().map(|(name, _)| *name))
+    let mut cols: Vec<Column> = ["ext4", "mount"]
+        .into_iter()
+        .chain(sandboxes.iter().map(|sb| sb.column))
         .map(Column::new)
         .collect();
     for rep in 0..plan.reps {
@@ -207,37 +266,49 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
             }
             eprint!("sandbox rep {}/{} {:8} ...", rep + 1, plan.reps, col.name);
             let t0 = Instant::now();
-            let res = fresh_delta().and_then(|()| {
-                if i == 0 {
+            let res = match i {
+                0 => {
+                    let _ = fs::remove_dir_all(&ext4);
+                    io(fs::create_dir_all(&ext4), &ext4).and_then(|()| {
+                        let mut c = Command::new(&runner);
+                        c.arg(RUNNER_ARG).arg(&ext4).arg(&tree_s).arg(size);
+                        drive(c, &|| None)
+                    })
+                }
+                1 => fresh_delta(PROJECT, &src).and_then(|()| {
+                    let db = projects.join(PROJECT).join("delta.db");
                     let m = AgentFsMount::start(bin, &db, &mnt, &dir.join("server.log"))?;
                     let mut c = Command::new(&runner);
                     c.arg(RUNNER_ARG).arg(&mnt).arg(&tree_s).arg(size);
                     let r = drive(c, &|| m.memory("VmRSS"));
                     drop(m);
                     r
-                } else {
-                    let host_s = host.to_string_lossy().into_owned();
-                    let runner_s = runner.to_string_lossy().into_owned();
-                    let mut c = af(&[
-                        "exec",
-                        PROJECT,
-                        "--ro-bind",
-                        &host_s,
-                        "--",
-                        &runner_s,
-                        RUNNER_ARG,
-                        &src_s,
-                        &tree_s,
-                        size,
-                    ]);
-                    c.envs(sandboxes[i - 1].1.iter().copied());
-                    let live = projects.join(PROJECT);
-                    drive(c, &|| {
-                        let m = agentfs::sandbox::live(&live)?;
-                        Some(rss_mib(m.supervisor as u32)? + rss_mib(m.pid1 as u32)?)
+                }),
+                _ => {
+                    let sb = &sandboxes[i - 2];
+                    let src_s = s(sb.src);
+                    fresh_delta(sb.project, sb.src).and_then(|()| {
+                        let mut c = af(&[
+                            "exec",
+                            sb.project,
+                            "--ro-bind",
+                            &host_s,
+                            "--",
+                            &runner_s,
+                            RUNNER_ARG,
+                            &src_s,
+                            &tree_s,
+                            size,
+                        ]);
+                        c.envs(sb.knobs.iter().copied());
+                        let live = projects.join(sb.project);
+                        drive(c, &|| {
+                            let m = agentfs::sandbox::live(&live)?;
+                            Some(rss_mib(m.supervisor as u32)? + rss_mib(m.pid1 as u32)?)
+                        })
                     })
                 }
-            });
+            };
             match res {
                 Ok(samples) => {
                     eprintln!(" {:.1} s", t0.elapsed().as_secs_f64());
@@ -254,19 +325,20 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
     for c in &cols {
         let _ = write!(s, " {} |", c.name);
     }
-    for c in &cols[1..] {
+    for c in &cols[2..] {
         let _ = write!(s, " {} ÷ mount |", c.name);
     }
     s.push_str("\n|---|---|");
-    s.push_str(&"---|".repeat(2 * cols.len() - 1));
+    s.push_str(&"---|".repeat(2 * cols.len() - 2));
     s.push('\n');
     for w in rows() {
         let _ = write!(s, "| {} | {} |", w.key, w.unit);
+        let native = median(cols[0].get(w.key)).filter(|m| *m > 0.0);
         for c in &cols {
-            cell(&mut s, c.missing.is_some(), c.get(w.key), None);
+            cell(&mut s, c.missing.is_some(), c.get(w.key), native);
         }
-        for c in &cols[1..] {
-            match (median(cols[0].get(w.key)), median(c.get(w.key))) {
+        for c in &cols[2..] {
+            match (median(cols[1].get(w.key)), median(c.get(w.key))) {
                 (Some(a), Some(b)) if a > 0.0 => {
                     let _ = write!(s, " {:.2} |", b / a);
                 }
@@ -282,9 +354,10 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
     }
     let _ = writeln!(
         s,
-        "\nCells: median of {} runs [min–max], alternating mount and the sandboxes. rss_end: the mount's \
-         server; the sandbox's server plus its pid 1. Throughput rows: a ratio under 1 is the \
-         sandbox's cost.",
+        "\nCells: median of {} runs (× native ext4) [min–max], the columns alternating in each \
+         repetition. ext4: the same runner in a directory on the ext4 disk. rss_end: the mount's \
+         server; a sandbox's supervisor (its server, on FUSE) plus its pid 1. Throughput ratios \
+         under 1 are the sandbox's cost.",
         plan.reps
     );
     let _ = fs::remove_dir_all(&dir);
