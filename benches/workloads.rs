@@ -34,7 +34,9 @@
 //!   better; the other columns have none.
 //!
 //! Columns at other memory budgets: `AGENTFS_BENCH_BUDGETS=16,256` adds `agentfs@16MiB` and
-//! `agentfs@256MiB` beside the default budget's `agentfs`.
+//! `agentfs@256MiB` beside the default budget's `agentfs`; with other knobs:
+//! `AGENTFS_BENCH_VARIANTS=AGENTFS_WAL_CHECKPOINT_PAGES=0` adds
+//! `agentfs[WAL_CHECKPOINT_PAGES=0]` (entries comma-separated, knobs of one entry `;`-separated).
 //!
 //! The tree: the Rust standard library sources (`$(rustc --print sysroot)/lib/rustlib/src/rust/
 //! library`) when rust-src is installed, else crate sources from the cargo registry
@@ -204,8 +206,8 @@ struct AgentFsMount {
     db: PathBuf,
     mnt: PathBuf,
     log: PathBuf,
-    /// The server's memory budget in MiB (None: the default).
-    budget: Option<u64>,
+    /// Knobs the server runs with (a column's memory budget or variant).
+    env: Vec<(String, String)>,
     child: Option<Child>,
     /// The replica URL of `--replicate` (module `replica`), when the mount replicates.
     replicate: Option<String>,
@@ -216,17 +218,17 @@ struct AgentFsMount {
 
 impl AgentFsMount {
     fn start(bin: &Path, db: &Path, mnt: &Path, log: &Path) -> Result<AgentFsMount, String> {
-        AgentFsMount::start_with(bin, db, mnt, log, None, None)
+        AgentFsMount::start_with(bin, db, mnt, log, &[], None)
     }
 
-    /// [`AgentFsMount::start`] with a memory budget in MiB (None: the default), replicating
-    /// to `replicate` when given.
+    /// [`AgentFsMount::start`] with knobs `env` (a memory budget, a variant), replicating to
+    /// `replicate` when given.
     fn start_with(
         bin: &Path,
         db: &Path,
         mnt: &Path,
         log: &Path,
-        budget: Option<u64>,
+        env: &[(String, String)],
         replicate: Option<&str>,
     ) -> Result<AgentFsMount, String> {
         let logf = OpenOptions::new()
@@ -235,9 +237,7 @@ impl AgentFsMount {
             .open(log)
             .map_err(|e| format!("{}: {e}", log.display()))?;
         let mut cmd = Command::new(bin);
-        if let Some(b) = budget {
-            cmd.env("AGENTFS_MEMORY_BUDGET_MIB", b.to_string());
-        }
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         cmd.arg("mount").arg(db).arg(mnt).arg("-f");
         if let Some(url) = replicate {
             replica::apply_env(cmd.arg("--replicate").arg(url));
@@ -253,7 +253,7 @@ impl AgentFsMount {
             db: db.to_path_buf(),
             mnt: mnt.to_path_buf(),
             log: log.to_path_buf(),
-            budget,
+            env: env.to_vec(),
             child: Some(child),
             replicate: replicate.map(String::from),
             live: true,
@@ -337,7 +337,7 @@ impl AgentFsMount {
             &self.db,
             &self.mnt,
             &self.log,
-            self.budget,
+            &self.env,
             self.replicate.as_deref(),
         )?;
         *self = fresh;
@@ -385,7 +385,8 @@ enum Backend {
     AgentFs {
         bin: PathBuf,
         dir: PathBuf,
-        budget: Option<u64>,
+        /// Knobs the server runs with (empty: the defaults).
+        env: Vec<(String, String)>,
         mount: Option<Box<AgentFsMount>>,
         /// Replicate each repetition's fresh database to a fresh path under this URL.
         replicate: Option<replica::Replicas>,
@@ -425,7 +426,7 @@ impl Target {
         if let Backend::AgentFs {
             bin,
             dir,
-            budget,
+            env,
             mount,
             replicate,
         } = &mut self.backend
@@ -444,7 +445,7 @@ impl Target {
                 &dir.join("fs.db"),
                 &mnt,
                 &dir.join("server.log"),
-                *budget,
+                env,
                 url.as_deref(),
             )?));
         }
@@ -1202,7 +1203,7 @@ fn main() {
             .and_then(|bin| replica::run_replica(&bin, &work, &plan, &tree))
             .unwrap_or_else(|e| format!("failed: {e}\n"));
         println!(
-            "\nAgentFS workloads{}, with and without replication to a local S3 server — {}\n\n{table}",
+            "\nAgentFS workloads{}, without replication, replicating to a local S3 server and to a local directory — {}\n\n{table}",
             if plan.quick { " (quick)" } else { "" },
             machine()
         );
@@ -1227,25 +1228,44 @@ fn main() {
     let mut targets: Vec<Target> = Vec::new();
 
     // Extra AgentFS columns at other memory budgets (AGENTFS_BENCH_BUDGETS), so the default
-    // budget is a measured choice.
-    let budgets: Vec<u64> = agentfs::knobs::get()
-        .bench_budgets
-        .split(',')
-        .map(str::trim)
-        .filter(|b| !b.is_empty())
-        .map(|b| {
-            b.parse()
-                .unwrap_or_else(|_| panic!("AGENTFS_BENCH_BUDGETS: {b:?} is not a MiB count"))
-        })
-        .collect();
+    // budget is a measured choice, and with other knobs (AGENTFS_BENCH_VARIANTS), so a change
+    // is measured beside what it replaces.
+    let k = agentfs::knobs::get();
+    let list = |s: &str| -> Vec<String> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|b| !b.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let budgets = list(&k.bench_budgets).into_iter().map(|b| {
+        let n: u64 = b
+            .parse()
+            .unwrap_or_else(|_| panic!("AGENTFS_BENCH_BUDGETS: {b:?} is not a MiB count"));
+        (
+            format!("agentfs@{n}MiB"),
+            vec![("AGENTFS_MEMORY_BUDGET_MIB".to_string(), n.to_string())],
+        )
+    });
+    let variants = list(&k.bench_variants).into_iter().map(|v| {
+        let env: Vec<(String, String)> = v
+            .split(';')
+            .map(|kv| match kv.trim().split_once('=') {
+                Some((k, v)) if k.starts_with("AGENTFS_") => (k.to_string(), v.to_string()),
+                _ => panic!("AGENTFS_BENCH_VARIANTS: {kv:?} is not AGENTFS_KNOB=VALUE"),
+            })
+            .collect();
+        let shown: Vec<String> = env
+            .iter()
+            .map(|(k, v)| format!("{}={v}", k.trim_start_matches("AGENTFS_")))
+            .collect();
+        (format!("agentfs[{}]", shown.join(";")), env)
+    });
     match agentfs_binary(&manifest) {
         Ok(bin) => {
-            let plain = std::iter::once(("agentfs", None));
-            let more = budgets.iter().map(|b| {
-                let name: &'static str = Box::leak(format!("agentfs@{b}MiB").into_boxed_str());
-                (name, Some(*b))
-            });
-            for (i, (name, budget)) in plain.chain(more).enumerate() {
+            let plain = std::iter::once(("agentfs".to_string(), Vec::new()));
+            for (i, (name, env)) in plain.chain(budgets).chain(variants).enumerate() {
+                let name: &'static str = Box::leak(name.into_boxed_str());
                 if i > 0 {
                     cols.insert(i, Column::new(name));
                 }
@@ -1256,7 +1276,7 @@ fn main() {
                     backend: Backend::AgentFs {
                         bin: bin.clone(),
                         dir,
-                        budget,
+                        env,
                         mount: None,
                         replicate: None,
                     },

@@ -47,6 +47,8 @@ knob_table! {
         "Most SQLite page cache of one connection, in KiB; all connections together stay within SQLite's quarter of AGENTFS_MEMORY_BUDGET_MIB, which also caps each one.";
     sqlite_busy_timeout_ms: U64 = 5000, [0, 600000], Policy, "AGENTFS_SQLITE_BUSY_TIMEOUT_MS",
         "How long a connection waits for a lock held by another process (e.g. an offline `agentfs fs` write).";
+    wal_checkpoint_pages: U64 = 1000, [0, 1000000], Policy, "AGENTFS_WAL_CHECKPOINT_PAGES",
+        "WAL pages (4 KiB each) after which a thread of the server folds the WAL into the database (a PASSIVE checkpoint on its own connection), off the commit path; at 4 times as many the committing writer checkpoints itself (the WAL starts over only after a checkpoint that finished before a write began, so this bounds it). 0 = SQLite's own checkpoint at 1000 pages, on the commit path. A replicated database's checkpoints are Litestream's (AGENTFS_REPLICA_LEAVE_CHECKPOINTS).";
     batch: Bool = true, [0, 1], KillSwitch, "AGENTFS_BATCH",
         "Batch writes: acknowledge from memory, commit many inodes per transaction (0 = one SQLite transaction per WRITE).";
     batch_window_ms: U64 = 5, [0, 3600000], Policy, "AGENTFS_BATCH_WINDOW_MS",
@@ -133,6 +135,8 @@ knob_table! {
         "Benchmarks: the mount-level benches (workloads, transport) run their quick subset (smaller sizes, under 2 minutes).";
     bench_budgets: Str = "", [0, 0], Policy, "AGENTFS_BENCH_BUDGETS",
         "Benchmarks: the workloads bench adds an AgentFS column per memory budget listed here, in MiB, comma-separated (e.g. 16,256; the plain column runs at the default budget; empty = none).";
+    bench_variants: Str = "", [0, 0], Policy, "AGENTFS_BENCH_VARIANTS",
+        "Benchmarks: the workloads bench adds an AgentFS column per entry listed here, comma-separated, each one or more AGENTFS_KNOB=VALUE separated by ';' that its server runs with (e.g. AGENTFS_WAL_CHECKPOINT_PAGES=0), so a change is measured beside what it replaces in one run (empty = none).";
     bench_sandbox_n: U64 = 30, [1, 100000], Policy, "AGENTFS_BENCH_SANDBOX_N",
         "Benchmarks: launches of each kind the sandbox bench times (median and p99 of these).";
 }

@@ -1,5 +1,6 @@
-//! `cargo bench --bench workloads -- replicate`: the workload suite on a plain mount and on a
-//! mount replicating to a local S3 server (moto) with Litestream, in the same run, repetitions
+//! `cargo bench --bench workloads -- replicate`: the workload suite on a plain mount, on a
+//! mount replicating to a local S3 server (moto) with Litestream and on one replicating to a
+//! local directory (`file://`, Litestream without moto), in the same run, repetitions
 //! alternating; then the replication lag, barrier to replica, on a replicating mount under a
 //! steady write load. Litestream and moto come from target/test-venv (validation/install-deps.sh).
 
@@ -131,7 +132,7 @@ fn measure_lag(bin: &Path, work: &Path, url: &str) -> Result<Lags, String> {
         let _ = std::fs::remove_file(dir.join(format!("fs.db{suffix}")));
     }
     let mount =
-        super::AgentFsMount::start_with(bin, &db, &mnt, &dir.join("server.log"), None, Some(url))?;
+        super::AgentFsMount::start_with(bin, &db, &mnt, &dir.join("server.log"), &[], Some(url))?;
     let rec = agentfs::replica::replicating(&db).ok_or("the lag mount is not replicated")?;
     let (rdb, rurl) = rec.dbs.first().cloned().ok_or("no database replicated")?;
     let litestream = s3::venv().join("litestream");
@@ -275,6 +276,10 @@ pub fn run_replica(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
     }
     let moto = S3::start();
     let base = moto.bucket("bench", "r{n}");
+    // The same replication to a local directory: Litestream's own cost without moto's (a local
+    // S3 server in Python, standing in for a remote bucket, competes for the same CPUs).
+    let files = work.join("replica-files");
+    let file_base = format!("file://{}/r{{n}}", files.display());
     let mut targets = Vec::new();
     for (name, replicate) in [
         ("agentfs", None),
@@ -282,6 +287,13 @@ pub fn run_replica(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
             "agentfs+replica",
             Some(Replicas {
                 base: base.clone(),
+                n: 0,
+            }),
+        ),
+        (
+            "agentfs+replica-dir",
+            Some(Replicas {
+                base: file_base,
                 n: 0,
             }),
         ),
@@ -293,7 +305,7 @@ pub fn run_replica(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
             backend: Backend::AgentFs {
                 bin: bin.to_path_buf(),
                 dir,
-                budget: None,
+                env: Vec::new(),
                 mount: None,
                 replicate,
             },
@@ -319,18 +331,27 @@ pub fn run_replica(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
     drop(targets);
     eprintln!("lag: {BARRIERS} barriers under a write load ...");
     let lag = lag_text(bin, work, &base.replace("{n}", "lag"));
-    let mut s = String::from(
-        "| workload | unit | agentfs | agentfs+replica (× agentfs) |\n|---|---|---|---|\n",
-    );
+    let _ = std::fs::remove_dir_all(&files);
+    let mut s = String::from("| workload | unit |");
+    for c in &cols {
+        s.push_str(&format!(" {} |", c.name));
+    }
+    s.push_str("\n|---|---|");
+    s.push_str(&"---|".repeat(cols.len()));
+    s.push('\n');
     for w in WORKLOADS {
-        let (a, b) = (cols[0].get(w.key), cols[1].get(w.key));
+        let a = cols[0].get(w.key);
         s.push_str(&format!("| {} | {} |", w.key, w.unit));
         cell(&mut s, false, a, None);
-        cell(&mut s, false, b, median(a));
+        for c in &cols[1..] {
+            cell(&mut s, false, c.get(w.key), median(a));
+        }
         s.push('\n');
     }
     s.push_str(&format!(
-        "\nCells: median of {} repetitions [min–max], the two columns alternating. Replication \
+        "\nCells: median of {} repetitions (× agentfs) [min–max], the columns alternating: \
+         agentfs+replica replicates to the local S3 server, agentfs+replica-dir to a local \
+         directory. Replication \
          lag, from a barrier (fsync through a replicating mount under a steady write load, \
          measured after the repetitions) to the replica confirming it, in ms: {lag}.\n",
         plan.reps,

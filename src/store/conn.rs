@@ -86,6 +86,9 @@ struct OpenBatch {
 /// barrier remembers.
 pub struct Writer {
     conn: Connection,
+    /// The thread that checkpoints the WAL off the commit path (None: SQLite's automatic
+    /// checkpoint, or none while Litestream replicates the database).
+    checkpointer: Option<Checkpointer>,
     /// The database file.
     path: PathBuf,
     /// (st_dev, st_ino) of the -wal file last made durable: a different value means the file
@@ -136,11 +139,18 @@ impl Writer {
         // emptied at every release, so it only ever holds one operation's pages.
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         // A replicated database's WAL is Litestream's to checkpoint (src/replica.rs).
-        if crate::replica::leaves_checkpoints(path) {
+        let mut conn = conn;
+        let checkpointer = if crate::replica::leaves_checkpoints(path) {
             conn.pragma_update(None, "wal_autocheckpoint", 0)?;
-        }
+            None
+        } else if k.wal_checkpoint_pages > 0 {
+            Checkpointer::start(&mut conn, path, k.wal_checkpoint_pages)?
+        } else {
+            None
+        };
         Ok(Writer {
             conn,
+            checkpointer,
             path: path.to_path_buf(),
             synced_wal: None,
             policy,
@@ -162,6 +172,17 @@ impl Writer {
     /// The connection, for statements outside [`Writer::transact`] (schema set-up, checkpoint).
     pub fn conn(&self) -> &Connection {
         &self.conn
+    }
+
+    /// Fold the whole WAL into the database and truncate it; whether a reader kept it from
+    /// finishing (SQLite's busy flag). A background checkpoint in progress is waited for: two
+    /// checkpoints at once would make this one fail busy.
+    pub fn checkpoint_truncate(&self) -> rusqlite::Result<bool> {
+        let _quiet = self.checkpointer.as_ref().map(|c| c.shared.running.lock());
+        let busy: i64 = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+        Ok(busy != 0)
     }
 
     /// Run `f` as one atomic operation: everything it did stays if it returns Ok, nothing if it
@@ -387,6 +408,131 @@ fn fdatasync(db: &Path, known: Option<FileId>) -> Result<Option<FileId>, Errno> 
             Ok(None)
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// WAL checkpoints off the commit path (`AGENTFS_WAL_CHECKPOINT_PAGES`). SQLite's automatic
+/// checkpoint runs inside the COMMIT that crosses its threshold, on the committing thread: it
+/// syncs the WAL, copies its pages into the database file and syncs that, while every other
+/// writer waits for the lock. Here the writer's WAL hook only wakes a thread that runs a
+/// PASSIVE checkpoint on a connection of its own (opened at its first wake) beside the next
+/// commits; a PASSIVE checkpoint blocks neither writers nor readers. The WAL file starts over
+/// only at a write that begins after a checkpoint copied all of it, which a thread racing a
+/// busy writer rarely manages: at 4 times the threshold the committing writer checkpoints
+/// itself (as SQLite would, but over the little the thread left), so the WAL stays bounded.
+/// Durability is unchanged: a commit is durable by the WAL's sync at a barrier, whoever
+/// copies it into the database later.
+struct Checkpointer {
+    shared: Arc<CkptShared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct CkptShared {
+    /// (a checkpoint is wanted, the thread must stop)
+    state: Mutex<(bool, bool)>,
+    wake: Condvar,
+    /// Held while the thread checkpoints.
+    running: Mutex<()>,
+}
+
+impl Checkpointer {
+    /// Start the thread and hook it to `conn`'s commits (which replaces SQLite's automatic
+    /// checkpoint). None when the thread cannot start: SQLite's own checkpoint stays.
+    fn start(
+        conn: &mut Connection,
+        db: &Path,
+        pages: u64,
+    ) -> rusqlite::Result<Option<Checkpointer>> {
+        let shared = Arc::new(CkptShared {
+            state: Mutex::new((false, false)),
+            wake: Condvar::new(),
+            running: Mutex::new(()),
+        });
+        let (sh, path) = (shared.clone(), db.to_path_buf());
+        let thread = match std::thread::Builder::new()
+            .name("agentfs-wal".into())
+            .spawn(move || {
+                // Started before the server blocks them: a shutdown signal must never end
+                // the process here.
+                crate::sys::signals::block_shutdown_signals();
+                checkpoint_loop(&path, &sh)
+            }) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(
+                    "no WAL checkpoint thread ({e}): checkpoints stay on the commit path"
+                );
+                return Ok(None);
+            }
+        };
+        let (sh, cap) = (shared.clone(), pages.saturating_mul(4));
+        conn.wal_hook(Some(
+            move |wal: &mut rusqlite::hooks::Wal, n: std::ffi::c_int| {
+                let n = u64::try_from(n).unwrap_or(0);
+                if n >= cap {
+                    // Errors are not the commit's (it is done): the next commit tries again.
+                    if let Err(e) = wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE) {
+                        tracing::warn!("WAL checkpoint at {n} pages failed: {e}");
+                    }
+                } else if n >= pages {
+                    let mut st = sh.state.lock();
+                    if !st.0 {
+                        st.0 = true;
+                        sh.wake.notify_one();
+                    }
+                }
+                Ok(())
+            },
+        ))?;
+        Ok(Some(Checkpointer {
+            shared,
+            thread: Some(thread),
+        }))
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.shared.state.lock().1 = true;
+        self.shared.wake.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The checkpoint thread: a PASSIVE checkpoint each time the writer's hook asks, until told
+/// to stop. A database Litestream started replicating meanwhile is left to it.
+fn checkpoint_loop(db: &Path, sh: &CkptShared) {
+    let mut conn = None;
+    loop {
+        {
+            let mut st = sh.state.lock();
+            while !st.0 && !st.1 {
+                sh.wake.wait(&mut st);
+            }
+            if st.1 {
+                return;
+            }
+            st.0 = false;
+        }
+        if crate::replica::leaves_checkpoints(db) {
+            continue;
+        }
+        if conn.is_none() {
+            match open(db, false) {
+                Ok(c) => conn = Some(c),
+                Err(e) => {
+                    tracing::warn!("WAL checkpoint thread: {}: {e}", db.display());
+                    continue;
+                }
+            }
+        }
+        let Some(c) = &conn else { continue };
+        let _running = sh.running.lock();
+        if let Err(e) = c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!("WAL checkpoint of {} failed: {e}", db.display());
+        }
     }
 }
 

@@ -1565,12 +1565,7 @@ impl Store {
         if crate::replica::leaves_checkpoints(&self.path) {
             return Ok(());
         }
-        let (busy, _, _): (i64, i64, i64) =
-            w.conn()
-                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })?;
-        if busy != 0 {
+        if w.checkpoint_truncate()? {
             return Err(Errno::EBUSY);
         }
         Ok(())
