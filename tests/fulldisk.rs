@@ -89,7 +89,8 @@ fn outcome(r: std::io::Result<()>) -> Result<(), i32> {
 
 #[test]
 fn full_disk_answers_enospc_and_never_undoes_an_acknowledged_operation() {
-    if !fuse_or_skip("full_disk_answers_enospc_and_never_undoes_an_acknowledged_operation") {
+    let test = "full_disk_answers_enospc_and_never_undoes_an_acknowledged_operation";
+    if !fuse_or_skip(test) || !common::fuse_only(test, "what a full disk does to `agentfs mount`") {
         return;
     }
     let mut d = SmallDisk::new(16, &[]);
@@ -170,7 +171,8 @@ fn full_disk_answers_enospc_and_never_undoes_an_acknowledged_operation() {
 
 #[test]
 fn full_disk_data_writes_fail_where_they_happen() {
-    if !fuse_or_skip("full_disk_data_writes_fail_where_they_happen") {
+    let test = "full_disk_data_writes_fail_where_they_happen";
+    if !fuse_or_skip(test) || !common::fuse_only(test, "what a full disk does to `agentfs mount`") {
         return;
     }
     // Without the kernel's writeback cache every WRITE is answered by the server: once the
@@ -218,7 +220,8 @@ fn db_bytes(db: &Path) -> u64 {
 
 #[test]
 fn space_comes_back_after_deleting() {
-    if !fuse_or_skip("space_comes_back_after_deleting") {
+    let test = "space_comes_back_after_deleting";
+    if !fuse_or_skip(test) || !common::fuse_only(test, "what a full disk does to `agentfs mount`") {
         return;
     }
     let mut m = Mounted::unmounted();
