@@ -275,9 +275,24 @@ fn a_project_out_of_space_is_marked_in_status_until_applied() {
     if !fuse_or_skip("a_project_out_of_space_is_marked_in_status_until_applied") {
         return;
     }
+    out_of_space_until_applied(None);
+}
+
+/// [`a_project_out_of_space_is_marked_in_status_until_applied`] as an ordinary user (the tmpfs
+/// mounted by root and given to the user).
+#[test]
+fn a_project_out_of_space_is_marked_in_status_until_applied_as_a_user() {
+    if !fuse_or_skip("a_project_out_of_space_is_marked_in_status_until_applied_as_a_user") {
+        return;
+    }
+    out_of_space_until_applied(Some(common::world::USER));
+}
+
+fn out_of_space_until_applied(user: Option<u32>) {
     use common::world::{err, launched, World};
-    let w = World::new(None);
+    let w = World::new(user);
     let _disk = Tmpfs::new(&w.root(), 16);
+    w.own(&w.root());
     let src = w.source("src-full");
     let s = |p: &Path| p.to_str().unwrap().to_string();
     launched(&w.af(&["init", "full", "--source", &s(&src)]));
