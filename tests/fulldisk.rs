@@ -368,3 +368,58 @@ fn out_of_space_until_applied(user: Option<u32>) {
     let text = String::from_utf8_lossy(&w.af(&["status", "full"]).stdout).into_owned();
     assert!(!text.contains("DIRTY"), "{text}");
 }
+
+/// A FUSE launch cannot serve an upper directory an overlayfs run left: when the delta has no
+/// room to take it in, the launch refuses with `capacity_exhausted` (not `upper_failed`), the
+/// upper stays and the project is marked; once there is room the next launch takes it in.
+#[test]
+fn a_fuse_launch_refuses_an_upper_it_has_no_room_for() {
+    let test = "a_fuse_launch_refuses_an_upper_it_has_no_room_for";
+    if !fuse_or_skip(test) || !common::fuse_only(test, "a FUSE launch") {
+        return;
+    }
+    use common::world::{err, launched, World};
+    let w = World::new(None);
+    let _disk = Tmpfs::new(&w.root(), 16);
+    let src = w.source("src-left");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    launched(&w.af(&["init", "left", "--source", &s(&src)]));
+    launched(&w.af(&["exec", "left", "--", "true"]));
+    // What an overlayfs run that filled the disk leaves: an upper as big as the room left,
+    // but for the little the delta needs to open.
+    let upper = w.root().join("left").join("upper");
+    fs::create_dir(&upper).unwrap();
+    let big = upper.join("big");
+    let e = fill(&big);
+    assert_eq!(errno(&e), libc::ENOSPC, "filling the disk failed with {e}");
+    let len = fs::metadata(&big).unwrap().len();
+    let shrink = |to: u64| {
+        let f = File::options().write(true).open(&big).unwrap();
+        f.set_len(to).unwrap();
+    };
+    shrink(len.saturating_sub(256 << 10));
+    let out = w.af(&["exec", "left", "--", "true"]);
+    assert!(
+        !out.status.success(),
+        "launched over an upper it could not take in"
+    );
+    assert!(err(&out).contains("capacity_exhausted"), "{}", err(&out));
+    assert!(!err(&out).contains("upper_failed"), "{}", err(&out));
+    assert!(big.is_file(), "the upper was lost");
+    let text = String::from_utf8_lossy(&w.af(&["status", "left"]).stdout).into_owned();
+    assert!(text.contains("DIRTY: out of space since"), "{text}");
+    // Room again (the file shrinks): the next launch takes the upper in and serves it.
+    shrink(5);
+    let out = w.af(&[
+        "exec",
+        "left",
+        "--",
+        "stat",
+        "-c",
+        "%s",
+        &s(&src.join("big")),
+    ]);
+    launched(&out);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "5\n");
+    assert!(!upper.exists(), "the upper stayed after it was taken in");
+}
