@@ -89,7 +89,8 @@ fn outcome(r: std::io::Result<()>) -> Result<(), i32> {
 
 #[test]
 fn full_disk_answers_enospc_and_never_undoes_an_acknowledged_operation() {
-    if !fuse_or_skip("full_disk_answers_enospc_and_never_undoes_an_acknowledged_operation") {
+    let test = "full_disk_answers_enospc_and_never_undoes_an_acknowledged_operation";
+    if !fuse_or_skip(test) || !common::fuse_only(test, "what a full disk does to `agentfs mount`") {
         return;
     }
     let mut d = SmallDisk::new(16, &[]);
@@ -170,7 +171,8 @@ fn full_disk_answers_enospc_and_never_undoes_an_acknowledged_operation() {
 
 #[test]
 fn full_disk_data_writes_fail_where_they_happen() {
-    if !fuse_or_skip("full_disk_data_writes_fail_where_they_happen") {
+    let test = "full_disk_data_writes_fail_where_they_happen";
+    if !fuse_or_skip(test) || !common::fuse_only(test, "what a full disk does to `agentfs mount`") {
         return;
     }
     // Without the kernel's writeback cache every WRITE is answered by the server: once the
@@ -218,7 +220,8 @@ fn db_bytes(db: &Path) -> u64 {
 
 #[test]
 fn space_comes_back_after_deleting() {
-    if !fuse_or_skip("space_comes_back_after_deleting") {
+    let test = "space_comes_back_after_deleting";
+    if !fuse_or_skip(test) || !common::fuse_only(test, "what a full disk does to `agentfs mount`") {
         return;
     }
     let mut m = Mounted::unmounted();
@@ -272,9 +275,24 @@ fn a_project_out_of_space_is_marked_in_status_until_applied() {
     if !fuse_or_skip("a_project_out_of_space_is_marked_in_status_until_applied") {
         return;
     }
+    out_of_space_until_applied(None);
+}
+
+/// [`a_project_out_of_space_is_marked_in_status_until_applied`] as an ordinary user (the tmpfs
+/// mounted by root and given to the user).
+#[test]
+fn a_project_out_of_space_is_marked_in_status_until_applied_as_a_user() {
+    if !fuse_or_skip("a_project_out_of_space_is_marked_in_status_until_applied_as_a_user") {
+        return;
+    }
+    out_of_space_until_applied(Some(common::world::USER));
+}
+
+fn out_of_space_until_applied(user: Option<u32>) {
     use common::world::{err, launched, World};
-    let w = World::new(None);
+    let w = World::new(user);
     let _disk = Tmpfs::new(&w.root(), 16);
+    w.own(&w.root());
     let src = w.source("src-full");
     let s = |p: &Path| p.to_str().unwrap().to_string();
     launched(&w.af(&["init", "full", "--source", &s(&src)]));
@@ -314,6 +332,15 @@ fn a_project_out_of_space_is_marked_in_status_until_applied() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("No space left on device"), "{text}");
     assert!(!text.contains("dd=0"), "{text}");
+    // On overlayfs the write filled the upper directory beside the database, so the import at
+    // the run's end fails for lack of space: named so, and the upper stays the project's truth.
+    let upper = w.root().join("full").join("upper");
+    let overlayfs = common::backend() == "overlayfs";
+    if overlayfs {
+        assert!(err(&out).contains("capacity_exhausted"), "{}", err(&out));
+        assert!(!err(&out).contains("upper_failed"), "{}", err(&out));
+        assert!(upper.is_dir(), "the upper is gone after a failed import");
+    }
     // The sandbox and its server are gone; the mark stays.
     let p = status(&w);
     let since = p["capacity_exhausted_since"].as_u64().expect("marked");
@@ -324,8 +351,14 @@ fn a_project_out_of_space_is_marked_in_status_until_applied() {
     // Nothing committed before was lost.
     let out = w.af(&["exec", "full", "--", "cat", &s(&src.join("kept"))]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "kept\n");
-    // Promoting (here after dropping the partial file) clears the mark.
-    launched(&w.af(&["exec", "full", "--", "rm", "-f", &s(&src.join("big"))]));
+    // Promoting (here after dropping the partial file) clears the mark. On overlayfs the run
+    // that drops it works on the left-over upper, and its end takes the upper in.
+    let out = w.af(&["exec", "full", "--", "rm", "-f", &s(&src.join("big"))]);
+    launched(&out);
+    if overlayfs {
+        assert!(err(&out).contains("capacity_exhausted"), "{}", err(&out));
+        assert!(!upper.exists(), "the upper stayed after space came back");
+    }
     launched(&w.af(&["apply", "full"]));
     assert_eq!(fs::read_to_string(src.join("kept")).unwrap(), "kept\n");
     assert_eq!(
@@ -334,4 +367,70 @@ fn a_project_out_of_space_is_marked_in_status_until_applied() {
     );
     let text = String::from_utf8_lossy(&w.af(&["status", "full"]).stdout).into_owned();
     assert!(!text.contains("DIRTY"), "{text}");
+}
+
+/// An upper directory an overlayfs run left that the delta has no room to take in: the upper
+/// stays, the project is marked, and once there is room the next launch takes it in. A FUSE
+/// launch cannot serve it and refuses with `capacity_exhausted` (not `upper_failed`); an
+/// overlayfs launch runs over it with a warning, and a checkpoint there fails.
+#[test]
+fn an_upper_the_delta_has_no_room_for_waits_for_space() {
+    if !fuse_or_skip("an_upper_the_delta_has_no_room_for_waits_for_space") {
+        return;
+    }
+    use common::world::{err, launched, World};
+    let w = World::new(None);
+    let _disk = Tmpfs::new(&w.root(), 16);
+    let src = w.source("src-left");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    launched(&w.af(&["init", "left", "--source", &s(&src)]));
+    launched(&w.af(&["exec", "left", "--", "true"]));
+    // What an overlayfs run that filled the disk leaves: an upper as big as the room left,
+    // but for the little the delta needs to open.
+    let upper = w.root().join("left").join("upper");
+    fs::create_dir(&upper).unwrap();
+    let big = upper.join("big");
+    let e = fill(&big);
+    assert_eq!(errno(&e), libc::ENOSPC, "filling the disk failed with {e}");
+    let len = fs::metadata(&big).unwrap().len();
+    let shrink = |to: u64| {
+        let f = File::options().write(true).open(&big).unwrap();
+        f.set_len(to).unwrap();
+    };
+    shrink(len.saturating_sub(256 << 10));
+    let bind = format!("{}:/tmp/agentfs", common::bin().display());
+    let script = "/tmp/agentfs checkpoint; echo checkpoint=$?";
+    let out = w.af(&["run", "left", "--ro-bind", &bind, "--", "sh", "-c", script]);
+    assert!(!out.status.success(), "the upper was not taken in");
+    assert!(err(&out).contains("capacity_exhausted"), "{}", err(&out));
+    assert!(!err(&out).contains("upper_failed"), "{}", err(&out));
+    if common::backend() == "overlayfs" {
+        // The command ran over the upper; a checkpoint cannot take the upper in (here its
+        // watcher cannot even start on the full disk) and never says it did.
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("checkpoint="), "{text}: {}", err(&out));
+        assert!(!text.contains("checkpoint=0"), "{text}: {}", err(&out));
+    } else {
+        assert!(
+            out.stdout.is_empty(),
+            "launched over an upper it could not take in"
+        );
+    }
+    assert!(big.is_file(), "the upper was lost");
+    let text = String::from_utf8_lossy(&w.af(&["status", "left"]).stdout).into_owned();
+    assert!(text.contains("DIRTY: out of space since"), "{text}");
+    // Room again (the file shrinks): the next launch takes the upper in and serves it.
+    shrink(5);
+    let out = w.af(&[
+        "exec",
+        "left",
+        "--",
+        "stat",
+        "-c",
+        "%s",
+        &s(&src.join("big")),
+    ]);
+    launched(&out);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "5\n");
+    assert!(!upper.exists(), "the upper stayed after it was taken in");
 }

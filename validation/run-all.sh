@@ -46,10 +46,11 @@ budget_suites() {
   return $rc
 }
 leg budget-8mib budget_suites
-# The sandbox, history and harness suites that launch sandboxes, once more with every new
-# project on the overlayfs backend (docs/sandbox.md, Mount backends); history.rs launches none.
+# The sandbox, history, harness and full-disk suites that launch sandboxes, once more with every
+# new project on the overlayfs backend (docs/sandbox.md, Mount backends); history.rs launches
+# none.
 # A test of something only FUSE does says what it skips (tests/common: `backend`, `fuse_only`).
-for t in sandbox sandbox_cli checkpoints apply_from harness_lifecycle projects; do
+for t in sandbox sandbox_cli checkpoints apply_from harness_lifecycle projects fulldisk; do
   leg "tests/$t@overlayfs" env AGENTFS_MOUNT_BACKEND=overlayfs \
     cargo test --release --test "$t" -- --test-threads=2
 done

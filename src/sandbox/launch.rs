@@ -35,6 +35,7 @@ use crate::dispatch::guard::Guard;
 use crate::history::checkpoint::FreezeMode;
 use crate::knobs::Knobs;
 use crate::server::{self, ServeOptions};
+use crate::store::upper::UpperError;
 use crate::sys::ns::{self, Forked};
 
 /// Who the command runs as.
@@ -297,9 +298,28 @@ fn supervise(
     };
     let server_store = prepared.store();
     let owner = crate::sys::ids::is_root().then_some((rec.uid_inside, rec.gid_inside));
-    let ready = import_left_over(req, &server_store).and_then(|()| match req.backend {
-        MountBackend::Overlayfs => export_upper(req, &server_store, owner),
-        MountBackend::Fuse => Ok(()),
+    let ready = import_left_over(req, &server_store).and_then(|full| match (req.backend, full) {
+        (MountBackend::Overlayfs, None) => export_upper(req, &server_store, owner),
+        // The left-over upper is the current view: the run serves it as it is, so the command
+        // can delete what filled the disk, and its end imports it.
+        (MountBackend::Overlayfs, Some(e)) => {
+            crate::errors::warn(
+                crate::errors::Code::CapacityExhausted,
+                &format!(
+                    "{e}; this run works on a previous run's changes as they stand and takes \
+                     them in at its end (free space, e.g. by deleting what filled the disk)"
+                ),
+                Some(&upperdir::upper_dir(&req.project_dir)),
+            );
+            upperdir::fresh_work(&req.project_dir, owner).map_err(|e| {
+                SandboxError::Upper(format!("{}: {e}", upperdir::shown(&req.project_dir)))
+            })
+        }
+        (MountBackend::Fuse, None) => Ok(()),
+        (MountBackend::Fuse, Some(e)) => Err(SandboxError::UpperFull(format!(
+            "{e}; the changes stay in {} until the database has space for them",
+            upperdir::shown(&req.project_dir)
+        ))),
     });
     if let Err(e) = ready {
         let _ = nix::sys::socket::shutdown(
@@ -370,8 +390,11 @@ fn supervise(
                         req.source.clone(),
                         req.project_dir.clone(),
                     );
-                    Box::new(move || upperdir::import(&store, &source, &dir).map(|_| ()))
-                        as crate::history::checkpoint::Importer
+                    Box::new(move || {
+                        upperdir::import(&store, &source, &dir)
+                            .map(|_| ())
+                            .map_err(checkpoint_import_failed)
+                    }) as crate::history::checkpoint::Importer
                 });
                 history.start(pid1, server_store.clone(), import);
                 rec.history = history.record.clone();
@@ -396,14 +419,23 @@ fn supervise(
     if req.backend == MountBackend::Overlayfs {
         // The mount died with the namespaces: what the upper holds goes into the delta, and
         // only once that committed does the upper go.
-        let imported = upperdir::import(&server_store, &req.source, &req.project_dir)
-            .and_then(|_| upperdir::remove(&req.project_dir))
-            .map_err(|e| {
-                SandboxError::Upper(format!(
-                    "{e}; the changes stay in {} for the next launch or `agentfs recover`",
-                    upperdir::shown(&req.project_dir)
+        let shown = upperdir::shown(&req.project_dir);
+        let imported = match upperdir::import(&server_store, &req.source, &req.project_dir) {
+            Ok(_) => upperdir::remove(&req.project_dir).map_err(UpperError::from),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| {
+            if e.full {
+                SandboxError::UpperFull(format!(
+                    "{e}; the changes stay in {shown} and are taken in at the next launch once \
+                     there is space"
                 ))
-            });
+            } else {
+                SandboxError::Upper(format!(
+                    "{e}; the changes stay in {shown} for the next launch or `agentfs recover`"
+                ))
+            }
+        });
         drop(prepared);
         if let Some(f) = failure {
             return Err(f);
@@ -440,15 +472,35 @@ fn supervise(
 
 /// Before the mount, on either backend: an upper an overlayfs run left (it ended before
 /// importing) goes into the delta, which a FUSE server would otherwise serve without it (a
-/// project converted, or a launch that read the backend before a conversion).
-fn import_left_over(req: &SandboxRequest, store: &crate::store::Store) -> Result<(), SandboxError> {
+/// project converted, or a launch that read the backend before a conversion). An import
+/// that failed for lack of space in the database is handed back (the upper stays): the
+/// caller decides whether the run can go on over it.
+fn import_left_over(
+    req: &SandboxRequest,
+    store: &crate::store::Store,
+) -> Result<Option<UpperError>, SandboxError> {
     let dir = &req.project_dir;
     if !upperdir::left_over(dir) {
-        return Ok(());
+        return Ok(None);
     }
-    upperdir::import(store, &req.source, dir)
-        .and_then(|_| upperdir::remove(dir))
-        .map_err(|e| SandboxError::Upper(format!("recovering a previous run's changes: {e}")))
+    let context = "recovering a previous run's changes";
+    match upperdir::import(store, &req.source, dir) {
+        Ok(_) => upperdir::remove(dir)
+            .map(|()| None)
+            .map_err(|e| SandboxError::Upper(format!("{context}: {e}"))),
+        Err(e) if e.full => Ok(Some(e.context(context))),
+        Err(e) => Err(SandboxError::Upper(format!("{context}: {e}"))),
+    }
+}
+
+/// A checkpoint's import of the upper directory failed: said as a capacity failure when the
+/// database ran out of space.
+fn checkpoint_import_failed(e: UpperError) -> String {
+    if e.full {
+        format!("{}: {e}", crate::errors::Code::CapacityExhausted.as_str())
+    } else {
+        e.message
+    }
 }
 
 /// The overlayfs backend before the mount: the delta is exported into a fresh upper.

@@ -77,6 +77,10 @@ pub enum SandboxError {
     /// that directory back (the directory then stays for the next launch or `agentfs recover`).
     #[error("{0}")]
     Upper(String),
+    /// The overlayfs backend's upper directory could not be imported for lack of space in the
+    /// database: the directory stays the project's truth, and the project is marked full.
+    #[error("{0}")]
+    UpperFull(String),
     /// `--mount-backend auto` found no backend: both attempts' failures.
     #[error("no mount backend works here ({0}): give this user /dev/fuse (`chmod 0666 /dev/fuse`; in a container --device /dev/fuse --cap-add SYS_ADMIN) or a kernel with overlayfs in user namespaces (5.11 or later)")]
     NoMountBackend(String),
@@ -113,6 +117,7 @@ impl SandboxError {
             SandboxError::Config(m) => crate::errors::split(m).map_or(Code::BadConfig, |(c, _)| c),
             SandboxError::FreezerUnavailable(_) => Code::FreezerUnavailable,
             SandboxError::Upper(_) => Code::UpperFailed,
+            SandboxError::UpperFull(_) => Code::CapacityExhausted,
             SandboxError::NoMountBackend(_) => Code::NoMountBackend,
             SandboxError::Replication(e) => e.code,
         }

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use crate::overlay::kernel_rdev;
 use crate::store::overlay::join;
-use crate::store::upper::{Body, NewNode, UpperCut, UpperWriter, Xattrs};
+use crate::store::upper::{Body, NewNode, UpperCut, UpperError, UpperWriter, Xattrs};
 use crate::store::{Ino, Store, Timespec};
 use crate::sys::beneath::Beneath;
 
@@ -104,15 +104,36 @@ fn open_up(dir: &Path) {
 
 /// Remove the upper and work directories of `project_dir` (absent is fine).
 pub fn remove(project_dir: &Path) -> Result<(), String> {
-    for d in [upper_dir(project_dir), work_dir(project_dir)] {
-        open_up(&d);
-        match std::fs::remove_dir_all(&d) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("{}: {e}", d.display())),
-        }
+    remove_dir(&upper_dir(project_dir))?;
+    remove_dir(&work_dir(project_dir))
+}
+
+/// Remove the directory `d` and all it holds (absent is fine).
+fn remove_dir(d: &Path) -> Result<(), String> {
+    open_up(d);
+    match std::fs::remove_dir_all(d) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("{}: {e}", d.display())),
+    }
+}
+
+/// Make the directory `d`, owned by `owner` when given.
+fn make_dir(d: &Path, owner: Option<(u32, u32)>) -> Result<(), String> {
+    std::fs::create_dir(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    if let Some((u, g)) = owner {
+        std::os::unix::fs::chown(d, Some(u), Some(g))
+            .map_err(|e| format!("{}: {e}", d.display()))?;
     }
     Ok(())
+}
+
+/// An empty work directory beside an upper directory a run takes over as it is (owned by
+/// `owner` as [`export`] makes it): overlayfs' leftovers of an earlier mount removed.
+pub fn fresh_work(project_dir: &Path, owner: Option<(u32, u32)>) -> Result<(), String> {
+    let work = work_dir(project_dir);
+    remove_dir(&work)?;
+    make_dir(&work, owner)
 }
 
 /// Export the delta of `store` (whose base is `source`) into a fresh upper directory (and an
@@ -128,11 +149,7 @@ pub fn export(
     let upper = upper_dir(project_dir);
     let work = work_dir(project_dir);
     for d in [&upper, &work] {
-        std::fs::create_dir(d).map_err(|e| format!("{}: {e}", d.display()))?;
-        if let Some((u, g)) = owner {
-            std::os::unix::fs::chown(d, Some(u), Some(g))
-                .map_err(|e| format!("{}: {e}", d.display()))?;
-        }
+        make_dir(d, owner)?;
     }
     let tree = Beneath::open(&upper).map_err(|e| format!("{}: {e}", upper.display()))?;
     let base = Beneath::open(source).map_err(|e| format!("{}: {e}", source.display()))?;
@@ -272,7 +289,9 @@ pub struct Imported {
 
 /// Replace the delta's upper layer of `store` (whose base is `source`) with what the upper
 /// directory of `project_dir` holds, in one transaction. The caller holds the delta's lock.
-pub fn import(store: &Store, source: &Path, project_dir: &Path) -> Result<Imported, String> {
+/// A failure says whether the database ran out of space ([`UpperError::full`]); such a
+/// failure also marks the project full (`agentfs status` shows it until an apply).
+pub fn import(store: &Store, source: &Path, project_dir: &Path) -> Result<Imported, UpperError> {
     let upper = upper_dir(project_dir);
     let tree = Beneath::open(&upper).map_err(|e| format!("{}: {e}", upper.display()))?;
     let base = Beneath::open(source).map_err(|e| format!("{}: {e}", source.display()))?;
@@ -289,7 +308,12 @@ pub fn import(store: &Store, source: &Path, project_dir: &Path) -> Result<Import
             i.root()?;
             i.dir(b"/", true)
         })
-        .map_err(|e| format!("importing {}: {e}", upper.display()))?;
+        .map_err(|e| {
+            if e.full {
+                crate::store::space::mark_full(store.path());
+            }
+            e.context(format!("importing {}", upper.display()))
+        })?;
     Ok(done)
 }
 
@@ -312,7 +336,7 @@ fn mtime_of(st: &libc::stat) -> Timespec {
 impl Importer<'_, '_> {
     /// The object's own extended attributes (overlayfs' left out), and whether overlayfs marked
     /// it opaque (`y`) or copied up (an origin of any value).
-    fn xattrs(&self, path: &[u8]) -> Result<(Xattrs, bool, bool), String> {
+    fn xattrs(&self, path: &[u8]) -> Result<(Xattrs, bool, bool), UpperError> {
         let h = self.tree.xattr_handle(rel(path)).map_err(io(path))?;
         let names = h.names().map_err(io(path))?;
         let (mut own, mut opaque, mut origin) = (Vec::new(), false, false);
@@ -331,7 +355,7 @@ impl Importer<'_, '_> {
     }
 
     /// Record what the base holds at `path` and beneath it.
-    fn seen_tree(&mut self, path: &[u8]) -> Result<(), String> {
+    fn seen_tree(&mut self, path: &[u8]) -> Result<(), UpperError> {
         let r = rel(path);
         let Some(st) = self.base.lstat(r).map_err(io(path))? else {
             return Ok(());
@@ -345,7 +369,7 @@ impl Importer<'_, '_> {
         Ok(())
     }
 
-    fn root(&mut self) -> Result<(), String> {
+    fn root(&mut self) -> Result<(), UpperError> {
         let st = self
             .tree
             .lstat(b"")
@@ -366,7 +390,7 @@ impl Importer<'_, '_> {
 
     /// Import the entries of the upper directory at `path`; `merged`: the base directory at
     /// `path` shows through it (whiteouts and origins then mean something).
-    fn dir(&mut self, path: &[u8], merged: bool) -> Result<(), String> {
+    fn dir(&mut self, path: &[u8], merged: bool) -> Result<(), UpperError> {
         let names = self.tree.list(rel(path)).map_err(io(path))?;
         for name in names {
             let p = join(path, &name);

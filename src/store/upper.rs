@@ -120,12 +120,68 @@ pub struct UpperWriter<'a> {
     dirs: HashMap<Vec<u8>, Ino>,
 }
 
-fn sql(what: &str) -> impl Fn(rusqlite::Error) -> String + '_ {
-    move |e| format!("{what}: {e}")
+/// Why building or replacing the upper layer failed, and whether the database ran out of
+/// space (SQLITE_FULL or ENOSPC): a capacity failure, which more space undoes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpperError {
+    pub message: String,
+    pub full: bool,
 }
 
-fn errno(what: &str) -> impl Fn(Errno) -> String + '_ {
-    move |e| format!("{what}: {e}")
+impl UpperError {
+    /// A failure whose cause is `errno`.
+    pub fn of_errno(message: String, errno: Errno) -> UpperError {
+        UpperError {
+            message,
+            full: errno == Errno::ENOSPC,
+        }
+    }
+
+    /// The same failure, its message prefixed with `context`.
+    pub fn context(self, context: impl std::fmt::Display) -> UpperError {
+        UpperError {
+            message: format!("{context}: {}", self.message),
+            ..self
+        }
+    }
+}
+
+impl std::fmt::Display for UpperError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<String> for UpperError {
+    fn from(message: String) -> Self {
+        UpperError {
+            message,
+            full: false,
+        }
+    }
+}
+
+impl From<&str> for UpperError {
+    fn from(message: &str) -> Self {
+        message.to_string().into()
+    }
+}
+
+impl From<UpperError> for String {
+    fn from(e: UpperError) -> Self {
+        e.message
+    }
+}
+
+fn sql(what: &str) -> impl Fn(rusqlite::Error) -> UpperError + '_ {
+    move |e| {
+        let message = format!("{what}: {e}");
+        UpperError::of_errno(message, Errno::from(e))
+    }
+}
+
+fn errno(what: &str) -> impl Fn(Errno) -> UpperError + '_ {
+    move |e| UpperError::of_errno(format!("{what}: {e}"), e)
 }
 
 /// Largest piece of a file written at once (data::write takes a u32 length).
@@ -133,7 +189,7 @@ const WRITE_PIECE: usize = 1 << 20;
 
 impl UpperWriter<'_> {
     /// Give the root directory `n`'s mode bits, owner, time, origin and attributes.
-    pub fn root(&mut self, n: &NewNode<'_>) -> Result<(), String> {
+    pub fn root(&mut self, n: &NewNode<'_>) -> Result<(), UpperError> {
         self.c
             .execute(
                 "UPDATE fs_inode SET mode = ?1, uid = ?2, gid = ?3, atime = ?4, atime_nsec = ?5,
@@ -152,7 +208,7 @@ impl UpperWriter<'_> {
         self.extras(Ino::ROOT, n, "/")
     }
 
-    fn extras(&self, ino: Ino, n: &NewNode<'_>, path: &str) -> Result<(), String> {
+    fn extras(&self, ino: Ino, n: &NewNode<'_>, path: &str) -> Result<(), UpperError> {
         xattr::copy_in(self.c, ino, n.xattrs).map_err(errno(path))?;
         if let Some(base) = n.origin {
             self.c
@@ -167,7 +223,12 @@ impl UpperWriter<'_> {
 
     /// Create `n` as `name` in the directory at `parent_path` (made before, or "/").
     /// Returns the new inode.
-    pub fn add(&mut self, parent_path: &[u8], name: &[u8], n: &NewNode<'_>) -> Result<Ino, String> {
+    pub fn add(
+        &mut self,
+        parent_path: &[u8],
+        name: &[u8],
+        n: &NewNode<'_>,
+    ) -> Result<Ino, UpperError> {
         let path = join(parent_path, name);
         let shown = String::from_utf8_lossy(&path).into_owned();
         let parent = *self
@@ -233,7 +294,7 @@ impl UpperWriter<'_> {
 
     /// Give regular file `ino` (made by [`UpperWriter::add`]) one more name: `name` in the
     /// directory at `parent_path`.
-    pub fn link(&mut self, parent_path: &[u8], name: &[u8], ino: Ino) -> Result<(), String> {
+    pub fn link(&mut self, parent_path: &[u8], name: &[u8], ino: Ino) -> Result<(), UpperError> {
         let shown = String::from_utf8_lossy(&join(parent_path, name)).into_owned();
         let parent = *self
             .dirs
@@ -249,7 +310,7 @@ impl UpperWriter<'_> {
 
     /// Record what the base held at absolute `path` when the delta changed it (the first
     /// sighting wins), as a copy-up or whiteout of the server does: `apply` checks it.
-    pub fn seen(&mut self, path: &[u8], st: &libc::stat) -> Result<(), String> {
+    pub fn seen(&mut self, path: &[u8], st: &libc::stat) -> Result<(), UpperError> {
         super::overlay::record_seen(self.c, path, &super::overlay::BaseSeen::of_stat(st))
             .map_err(errno(&String::from_utf8_lossy(path)))
     }
@@ -260,7 +321,7 @@ impl UpperWriter<'_> {
     }
 
     /// Hide the base entry at absolute `path`.
-    pub fn whiteout(&mut self, path: &[u8]) -> Result<(), String> {
+    pub fn whiteout(&mut self, path: &[u8]) -> Result<(), UpperError> {
         self.c
             .prepare_cached(
                 "INSERT OR REPLACE INTO fs_whiteout (path, parent_path, created_at)
@@ -336,8 +397,8 @@ impl Store {
     pub fn replace_upper(
         &self,
         keep: &dyn Fn(&[u8]) -> bool,
-        fill: impl FnOnce(&mut UpperWriter<'_>) -> Result<(), String>,
-    ) -> Result<Kept, String> {
+        fill: impl FnOnce(&mut UpperWriter<'_>) -> Result<(), UpperError>,
+    ) -> Result<Kept, UpperError> {
         let cfg = self.config();
         let mut failed = None;
         // Its own transaction, not a savepoint of a namespace batch: a savepoint would copy
@@ -347,7 +408,7 @@ impl Store {
             .as_ref()
             .ok_or_else(|| format!("{}: opened read-only", self.path().display()))?;
         self.admit(super::space::Need::Free)
-            .map_err(|e| format!("{}: {e}", self.path().display()))?;
+            .map_err(|e| UpperError::of_errno(format!("{}: {e}", self.path().display()), e))?;
         let out = w.transact_alone(|c| {
             let r = replace_in(c, cfg, keep, fill);
             match r {
@@ -361,11 +422,15 @@ impl Store {
         self.invalidate_all();
         let kept = match (out, failed) {
             (_, Some(e)) => return Err(e),
-            (Err(e), None) => return Err(format!("{}: {e}", self.path().display())),
+            (Err(e), None) => {
+                let message = format!("{}: {e}", self.path().display());
+                return Err(UpperError::of_errno(message, e));
+            }
             (Ok(k), None) => k,
         };
-        self.sync()
-            .map_err(|e| format!("{}: commit: {e}", self.path().display()))?;
+        self.sync().map_err(|e| {
+            UpperError::of_errno(format!("{}: commit: {e}", self.path().display()), e)
+        })?;
         Ok(kept)
     }
 }
@@ -455,9 +520,9 @@ fn replace_in(
     c: &Connection,
     cfg: FsConfig,
     keep: &dyn Fn(&[u8]) -> bool,
-    fill: impl FnOnce(&mut UpperWriter<'_>) -> Result<(), String>,
-) -> Result<Kept, String> {
-    let old = read_delta(c).map_err(|e| format!("reading the tree: {e}"))?;
+    fill: impl FnOnce(&mut UpperWriter<'_>) -> Result<(), UpperError>,
+) -> Result<Kept, UpperError> {
+    let old = read_delta(c).map_err(errno("reading the tree"))?;
     // Kept subtrees: every entry at or beneath an accepted path; the tops are put back later.
     let mut keep_inos: HashSet<i64> = HashSet::new();
     let mut tops: Vec<(Vec<u8>, Ino)> = Vec::new();
@@ -520,7 +585,7 @@ fn replace_in(
             Some(p) => match namespace::insert_dentry(c, p, name, ino) {
                 Ok(()) => true,
                 Err(Errno::EEXIST) => false,
-                Err(e) => return Err(format!("{}: {e}", String::from_utf8_lossy(&path))),
+                Err(e) => return Err(errno(&String::from_utf8_lossy(&path))(e)),
             },
             None => false,
         };
@@ -553,7 +618,7 @@ fn replace_in(
 }
 
 /// Delete every inode (with its rows) not listed in temp.upper_keep.
-fn drop_unkept(c: &Connection) -> Result<(), String> {
+fn drop_unkept(c: &Connection) -> Result<(), UpperError> {
     let gone: Vec<i64> = (|| {
         let mut st = c.prepare(
             "SELECT ino FROM fs_inode WHERE ino NOT IN (SELECT ino FROM temp.upper_keep)",
@@ -563,7 +628,7 @@ fn drop_unkept(c: &Connection) -> Result<(), String> {
     })()
     .map_err(sql("fs_inode"))?;
     for ino in gone {
-        delete_rows(c, Ino(ino as u64)).map_err(|e| format!("inode {ino}: {e}"))?;
+        delete_rows(c, Ino(ino as u64)).map_err(errno(&format!("inode {ino}")))?;
     }
     Ok(())
 }
