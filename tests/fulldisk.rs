@@ -340,6 +340,14 @@ fn out_of_space_until_applied(user: Option<u32>) {
         assert!(err(&out).contains("capacity_exhausted"), "{}", err(&out));
         assert!(!err(&out).contains("upper_failed"), "{}", err(&out));
         assert!(upper.is_dir(), "the upper is gone after a failed import");
+        // Applying the delta without the upper's changes would promote less than the run
+        // did: refused, and the mark stays.
+        let out = w.af(&["apply", "full"]);
+        assert!(
+            !out.status.success(),
+            "apply promoted a delta whose changes are in the upper"
+        );
+        assert!(err(&out).contains("capacity_exhausted"), "{}", err(&out));
     }
     // The sandbox and its server are gone; the mark stays.
     let p = status(&w);

@@ -50,6 +50,21 @@ pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
             );
         }
     }
+    // An overlayfs run that could not take its upper into the delta (a full disk) left its
+    // changes there: applying the delta without them would report success for less.
+    if let Some(dir) = a.db.parent().filter(|_| a.from.is_none()) {
+        let delta = a.db.file_name() == Some(std::ffi::OsStr::new(crate::project::DELTA));
+        if delta && crate::sandbox::upper_left_over(dir) {
+            return Err(CliError::new(
+                Code::CapacityExhausted,
+                format!(
+                    "the last run's changes are still in {}, not in the delta: free space, \
+                     then run `agentfs recover` or launch the project once to take them in",
+                    crate::sandbox::upper_dir(dir).display()
+                ),
+            ));
+        }
+    }
     let result = match a.from.clone() {
         Some(reference) => from_snapshot(&a, &arg, &reference, knobs),
         None => apply(&a, &a.db, knobs),

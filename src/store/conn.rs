@@ -465,14 +465,22 @@ impl Checkpointer {
                 return Ok(None);
             }
         };
-        let (sh, cap) = (shared.clone(), pages.saturating_mul(4));
+        // Dropped (the thread stopped and joined) if the hook cannot be set.
+        let started = Checkpointer {
+            shared: shared.clone(),
+            thread: Some(thread),
+        };
+        let (sh, cap) = (shared, pages.saturating_mul(4));
         conn.wal_hook(Some(
             move |wal: &mut rusqlite::hooks::Wal, n: std::ffi::c_int| {
                 let n = u64::try_from(n).unwrap_or(0);
                 if n >= cap {
+                    // Not while the thread checkpoints (this one would only fail busy).
                     // Errors are not the commit's (it is done): the next commit tries again.
-                    if let Err(e) = wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE) {
-                        tracing::warn!("WAL checkpoint at {n} pages failed: {e}");
+                    if let Some(_running) = sh.running.try_lock() {
+                        if let Err(e) = wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE) {
+                            tracing::warn!("WAL checkpoint at {n} pages failed: {e}");
+                        }
                     }
                 } else if n >= pages {
                     let mut st = sh.state.lock();
@@ -484,10 +492,7 @@ impl Checkpointer {
                 Ok(())
             },
         ))?;
-        Ok(Some(Checkpointer {
-            shared,
-            thread: Some(thread),
-        }))
+        Ok(Some(started))
     }
 }
 
