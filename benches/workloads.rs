@@ -1252,7 +1252,7 @@ fn main() {
             .split(';')
             .map(|kv| match kv.trim().split_once('=') {
                 Some((k, v)) if k.starts_with("AGENTFS_") => (k.to_string(), v.to_string()),
-                _ => panic!("AGENTFS_BENCH_VARIANTS: {kv:?} is not AGENTFS_KNOB=VALUE"),
+                _ => panic!("AGENTFS_BENCH_VARIANTS: {kv:?} is not NAME=VALUE of an AGENTFS_ knob"),
             })
             .collect();
         let shown: Vec<String> = env
