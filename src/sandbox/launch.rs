@@ -420,22 +420,20 @@ fn supervise(
         // The mount died with the namespaces: what the upper holds goes into the delta, and
         // only once that committed does the upper go.
         let shown = upperdir::shown(&req.project_dir);
-        let imported = match upperdir::import(&server_store, &req.source, &req.project_dir) {
-            Ok(_) => upperdir::remove(&req.project_dir).map_err(UpperError::from),
-            Err(e) => Err(e),
-        }
-        .map_err(|e| {
-            if e.full {
-                SandboxError::UpperFull(format!(
+        let imported = upperdir::import(&server_store, &req.source, &req.project_dir)
+            .and_then(|_| upperdir::remove(&req.project_dir).map_err(UpperError::from))
+            .map_err(|e| {
+                if e.full {
+                    SandboxError::UpperFull(format!(
                     "{e}; the changes stay in {shown} and are taken in at the next launch once \
                      there is space"
                 ))
-            } else {
-                SandboxError::Upper(format!(
-                    "{e}; the changes stay in {shown} for the next launch or `agentfs recover`"
-                ))
-            }
-        });
+                } else {
+                    SandboxError::Upper(format!(
+                        "{e}; the changes stay in {shown} for the next launch or `agentfs recover`"
+                    ))
+                }
+            });
         drop(prepared);
         if let Some(f) = failure {
             return Err(f);

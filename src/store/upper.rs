@@ -400,15 +400,16 @@ impl Store {
         fill: impl FnOnce(&mut UpperWriter<'_>) -> Result<(), UpperError>,
     ) -> Result<Kept, UpperError> {
         let cfg = self.config();
+        let shown = self.path().display().to_string();
         let mut failed = None;
         // Its own transaction, not a savepoint of a namespace batch: a savepoint would copy
         // every page the replacement changes to a statement journal, statement by statement.
         let w = self
             .writer
             .as_ref()
-            .ok_or_else(|| format!("{}: opened read-only", self.path().display()))?;
+            .ok_or_else(|| format!("{shown}: opened read-only"))?;
         self.admit(super::space::Need::Free)
-            .map_err(|e| UpperError::of_errno(format!("{}: {e}", self.path().display()), e))?;
+            .map_err(errno(&shown))?;
         let out = w.transact_alone(|c| {
             let r = replace_in(c, cfg, keep, fill);
             match r {
@@ -422,15 +423,10 @@ impl Store {
         self.invalidate_all();
         let kept = match (out, failed) {
             (_, Some(e)) => return Err(e),
-            (Err(e), None) => {
-                let message = format!("{}: {e}", self.path().display());
-                return Err(UpperError::of_errno(message, e));
-            }
+            (Err(e), None) => return Err(errno(&shown)(e)),
             (Ok(k), None) => k,
         };
-        self.sync().map_err(|e| {
-            UpperError::of_errno(format!("{}: commit: {e}", self.path().display()), e)
-        })?;
+        self.sync().map_err(errno(&format!("{shown}: commit")))?;
         Ok(kept)
     }
 }
