@@ -427,6 +427,29 @@ fn an_upper_the_delta_has_no_room_for_waits_for_space() {
     assert!(big.is_file(), "the upper was lost");
     let text = String::from_utf8_lossy(&w.af(&["status", "left"]).stdout).into_owned();
     assert!(text.contains("DIRTY: out of space since"), "{text}");
+    // Whatever would change the delta first takes the upper in, and there is no room: refused
+    // as `capacity_exhausted`, the upper kept; discard without --force refuses to lose it.
+    let other = match common::backend() {
+        "overlayfs" => "fuse",
+        _ => "overlayfs",
+    };
+    for verb in [
+        &["undo", "left"][..],
+        &["apply", "left"],
+        &["convert", "left", "--to", other],
+    ] {
+        let out = w.af(verb);
+        assert!(!out.status.success(), "{verb:?} went on without the upper");
+        assert!(
+            err(&out).contains("capacity_exhausted"),
+            "{verb:?}: {}",
+            err(&out)
+        );
+        assert!(big.is_file(), "{verb:?} lost the upper");
+    }
+    let out = w.af(&["discard", "left"]);
+    assert!(err(&out).contains("unapplied_changes"), "{}", err(&out));
+    assert!(big.is_file(), "discard lost the upper");
     // Room again (the file shrinks): the next launch takes the upper in and serves it.
     shrink(5);
     let out = w.af(&[

@@ -695,6 +695,96 @@ fn recover_imports_an_upper_left_behind(user: Option<u32>) {
     assert!(about(&recover(&w), s(&upper)).is_empty());
 }
 
+/// An upper directory a run left is newer than the delta: every command that changes the
+/// delta takes it in first (restore, undo, apply, a writable mount), so no later import of a
+/// stale upper overwrites what they did; those that only look (discard without --force, apply
+/// --dry-run) refuse rather than answer without it.
+fn commands_take_in_an_upper_left_behind_first(user: Option<u32>) {
+    let _s = serial();
+    if !common::fuse_or_skip("commands_take_in_an_upper_left_behind_first") {
+        return;
+    }
+    let w = World::new(user);
+    let src = w.source("lb-src");
+    launched(&w.af(&["init", "lb", "--source", s(&src)]));
+    launched(&w.af(&["snap", "lb", "empty"]));
+    let upper = w.root().join("lb/upper");
+    let leave = |name: &str| {
+        fs::create_dir(&upper).unwrap();
+        fs::write(upper.join(name), name).unwrap();
+        w.own(&upper);
+        w.own(&upper.join(name));
+    };
+    let names = || {
+        let o = w.af(&["diff", "--project", "lb", "--name-only"]);
+        assert!(o.status.success(), "{}", err(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    leave("a.txt");
+    let e = refused(&w.af(&["discard", "lb", "--json"]), 4, "unapplied_changes");
+    assert!(e["message"].as_str().unwrap().contains("upper"), "{e}");
+    let o = w.af(&["apply", "lb", "--dry-run"]);
+    assert_eq!(o.status.code(), Some(4), "{}", err(&o));
+    assert!(err(&o).contains("unapplied_changes"), "{}", err(&o));
+    assert!(upper.join("a.txt").is_file(), "a refusal changed the upper");
+    // restore takes the upper in, saves that state, then restores: undo brings it back.
+    let r = json_out(&w.af(&["restore", "lb", "empty", "--json"]));
+    assert_eq!(
+        r["imported"],
+        serde_json::json!({"objects": 1, "whiteouts": 0}),
+        "{r}"
+    );
+    assert!(
+        !r["saved"].is_null(),
+        "the upper's change was not saved: {r}"
+    );
+    assert!(!upper.exists());
+    assert_eq!(names(), "");
+    launched(&w.af(&["undo", "lb"]));
+    assert_eq!(names(), "/a.txt\n");
+    // undo, then apply.
+    leave("b.txt");
+    let o = w.af(&["undo", "lb"]);
+    launched(&o);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("took the upper directory"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    leave("c.txt");
+    launched(&w.af(&["apply", "lb"]));
+    assert!(!upper.exists());
+    assert_eq!(fs::read(src.join("c.txt")).unwrap(), b"c.txt");
+    // A writable mount serves what the upper held.
+    leave("d.txt");
+    let mnt = w.base.join("lb-mnt");
+    fs::create_dir(&mnt).unwrap();
+    w.own(&mnt);
+    let _cleanup = common::UnmountOnDrop(mnt.clone());
+    launched(&w.af(&["mount", "lb", s(&mnt)]));
+    // Read as the mount's owner: a FUSE mount refuses other users.
+    let seen = w
+        .command(Path::new("/bin/cat"), &[s(&mnt.join("d.txt"))])
+        .output()
+        .unwrap();
+    launched(&w.af(&["umount", s(&mnt)]));
+    assert_eq!(seen.stdout, b"d.txt", "{}", err(&seen));
+    assert!(!upper.exists());
+    assert_eq!(names(), "/d.txt\n");
+}
+
+#[test]
+fn commands_take_in_an_upper_left_behind_first_as_root() {
+    commands_take_in_an_upper_left_behind_first(None);
+}
+
+#[test]
+fn commands_take_in_an_upper_left_behind_first_as_user() {
+    if user_can_run("commands_take_in_an_upper_left_behind_first_as_user") {
+        commands_take_in_an_upper_left_behind_first(Some(USER));
+    }
+}
+
 #[test]
 fn recover_imports_an_upper_left_behind_as_root() {
     recover_imports_an_upper_left_behind(None);

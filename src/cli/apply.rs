@@ -50,19 +50,12 @@ pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
             );
         }
     }
-    // An overlayfs run that could not take its upper into the delta (a full disk) left its
-    // changes there: applying the delta without them would report success for less.
-    if let Some(dir) = a.db.parent().filter(|_| a.from.is_none()) {
+    // A dry run cannot take in an upper directory a run left (it changes nothing): it would
+    // show less than the run did. An apply takes it in first, holding the lock.
+    if let Some(dir) = a.db.parent().filter(|_| a.dry_run && a.from.is_none()) {
         let delta = a.db.file_name() == Some(std::ffi::OsStr::new(crate::project::DELTA));
         if delta && crate::sandbox::upper_left_over(dir) {
-            return Err(CliError::new(
-                Code::CapacityExhausted,
-                format!(
-                    "the last run's changes are still in {}, not in the delta: free space, \
-                     then run `agentfs recover` or launch the project once to take them in",
-                    crate::sandbox::upper_dir(dir).display()
-                ),
-            ));
+            return Err(super::discard::upper_waits(dir));
         }
     }
     let result = match a.from.clone() {
@@ -131,7 +124,7 @@ pub const APPLY_COPY: &str = "apply-copy-";
 fn apply(a: &Args, db: &std::path::Path, knobs: &crate::knobs::Knobs) -> super::CliResult {
     // Held for the whole apply, so no mount of this database can start meanwhile. A dry run
     // writes nothing and may look at a mounted delta.
-    let _lock = if a.dry_run {
+    let lock = if a.dry_run {
         None
     } else {
         Some(lock_db(db).map_err(|e| {
@@ -153,6 +146,11 @@ fn apply(a: &Args, db: &std::path::Path, knobs: &crate::knobs::Knobs) -> super::
             }
         })?)
     };
+    if let Some(lock) = &lock {
+        if let Some(i) = super::history::settle_upper(lock, db)? {
+            println!("{}", super::history::imported_line(&i));
+        }
+    }
     let overlay = Overlay::open(db)?;
     let stale = overlay.stale_partials();
     if !stale.is_empty() {

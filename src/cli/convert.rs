@@ -38,7 +38,7 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
             "from": from.map(name),
             "to": name(a.to),
             "converted": converted,
-            "imported": imported.map(|i| json!({"objects": i.objects, "whiteouts": i.whiteouts})),
+            "imported": imported,
         })
     };
     if from == Some(a.to) {
@@ -71,27 +71,7 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
         }
     }
     let db = p.db();
-    let lock = super::history::offline(&p.dir, &db, "converting it")?;
-    let imported = match (crate::sandbox::upper_left_over(&p.dir), p.source()) {
-        (false, _) => None,
-        (true, Some(src)) => Some(
-            crate::sandbox::recover_upper_locked(&lock, &p.dir, &db, src).map_err(|e| {
-                CliError::new(
-                    Code::UpperFailed,
-                    format!("importing the upper directory a run left: {e}; nothing was changed"),
-                )
-                .at(crate::sandbox::upper_dir(&p.dir))
-            })?,
-        ),
-        (true, None) => {
-            return Err(CliError::new(
-                Code::UpperFailed,
-                "the project holds an upper directory but overlays no directory; nothing was \
-                 changed",
-            )
-            .at(crate::sandbox::upper_dir(&p.dir)))
-        }
-    };
+    let (lock, imported) = super::history::offline(&p.dir, &db, "converting it")?;
     let mut converted = p.clone();
     converted.config.project.backend = Some(a.to);
     converted.save()?;
@@ -99,12 +79,8 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
     if a.json {
         super::say(format_args!("{}", report(true, imported)));
     } else {
-        if let Some(i) = imported {
-            super::say(format_args!(
-                "imported the upper directory an overlayfs run left ({} objects, {} whiteouts) \
-                 into the delta",
-                i.objects, i.whiteouts
-            ));
+        if let Some(i) = &imported {
+            super::say(format_args!("{}", super::history::imported_line(i)));
         }
         super::say(format_args!(
             "converted project {} from {} to {}",

@@ -12,6 +12,23 @@ use crate::project::{self, Project};
 use crate::sandbox::LiveMarker;
 use crate::sys::{ns, registry};
 
+/// Changes wait in the upper directory of the project at `dir`, not in its delta: said as
+/// `unapplied_changes`.
+pub(super) fn upper_waits(dir: &Path) -> CliError {
+    let why = match crate::sandbox::live(dir) {
+        Some(_) => "its sandbox runs on overlayfs, whose changes reach the delta at its end",
+        None => "its last run's changes wait there; `agentfs recover` takes them into the delta",
+    };
+    CliError::new(
+        Code::UnappliedChanges,
+        format!(
+            "changes are in {}, not in the delta: {why}",
+            crate::sandbox::upper_dir(dir).display()
+        ),
+    )
+    .at(crate::sandbox::upper_dir(dir))
+}
+
 /// How long a sandbox asked to stop (or killed) may take to end.
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
@@ -32,15 +49,14 @@ pub struct Args {
 pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
     let root = project::root(knobs)?;
     let p = Project::open(&root, &a.name)?;
-    // A live overlayfs run keeps its changes in its upper directory until it ends: the delta
-    // cannot say what the discard would lose.
-    let unapplied = match crate::sandbox::live(&p.dir) {
-        Some(_) if crate::sandbox::upper_left_over(&p.dir) => Err(format!(
-            "{}: its sandbox runs on overlayfs, whose changes reach the delta only when it ends",
-            Code::UnappliedChanges.as_str()
-        )),
-        _ => p.unapplied(),
-    };
+    // Changes in an upper directory (a live overlayfs run, or one a run left) are not in the
+    // delta, which cannot say what the discard would lose.
+    if crate::sandbox::upper_left_over(&p.dir) && !a.force {
+        let e = upper_waits(&p.dir);
+        let message = format!("{}; --force discards them", e.message);
+        return Err(CliError { message, ..e });
+    }
+    let unapplied = p.unapplied();
     match (&unapplied, a.force) {
         (_, true) | (Ok(0), _) => {}
         (Ok(n), false) => {

@@ -7,10 +7,12 @@ use std::path::Path;
 use serde_json::json;
 
 use super::say;
+use super::{CliError, Code};
 use crate::history::db::Finding;
 use crate::history::object::hex;
 use crate::history::{CommitInfo, History, Ignore, RestoreReport, SnapOptions};
 use crate::project::Project;
+use crate::sandbox::Imported;
 use crate::sys::lock::{lock_db, LockError};
 
 #[derive(clap::Args, Debug)]
@@ -112,25 +114,66 @@ pub(super) fn utc(secs: i64) -> String {
 
 /// Refuse while a sandbox runs on the project (live.json names a live process) or a server
 /// has the delta mounted; returns the server lock, held for the change (`doing`, for the
-/// message: "restoring").
+/// message: "restoring"), and what an upper directory a run left brought into the delta
+/// first ([`settle_upper`]).
 pub(super) fn offline(
     dir: &Path,
     delta: &Path,
     doing: &str,
-) -> Result<crate::sys::lock::DbLock, String> {
+) -> Result<(crate::sys::lock::DbLock, Option<Imported>), CliError> {
     if let Some(m) = crate::sandbox::live(dir) {
-        return Err(format!(
-            "sandbox_live: a sandbox runs on this project (supervisor pid {}); {doing} under a \
-             running sandbox is not supported, stop it first",
-            m.supervisor
+        return Err(CliError::new(
+            Code::SandboxLive,
+            format!(
+                "a sandbox runs on this project (supervisor pid {}); {doing} under a running \
+                 sandbox is not supported, stop it first",
+                m.supervisor
+            ),
         ));
     }
-    lock_db(delta).map_err(|e| match e {
-        LockError::HeldBy { path, pid } => {
-            format!("sandbox_live: {path} is mounted (server pid {pid}); unmount it first")
-        }
-        LockError::Held { path } => format!("sandbox_live: {path} is mounted; unmount it first"),
-        e => format!("{}: {e}", e.code()),
+    let lock = lock_db(delta).map_err(|e| match e {
+        LockError::HeldBy { path, pid } => CliError::new(
+            Code::SandboxLive,
+            format!("{path} is mounted (server pid {pid}); unmount it first"),
+        ),
+        LockError::Held { path } => CliError::new(
+            Code::SandboxLive,
+            format!("{path} is mounted; unmount it first"),
+        ),
+        e => e.into(),
+    })?;
+    let imported = settle_upper(&lock, delta)?;
+    Ok((lock, imported))
+}
+
+/// Before a command changes the delta `delta` (its lock held): the upper directory an
+/// overlayfs run left goes in first ([`crate::sandbox::settle_upper`]). Its failure is named
+/// `capacity_exhausted` when the delta has no room for it, `upper_failed` otherwise; nothing
+/// was changed then.
+pub(super) fn settle_upper(
+    lock: &crate::sys::lock::DbLock,
+    delta: &Path,
+) -> Result<Option<Imported>, CliError> {
+    let upper = || {
+        delta
+            .parent()
+            .map(crate::sandbox::upper_dir)
+            .unwrap_or_default()
+    };
+    crate::sandbox::settle_upper(lock, delta).map_err(|e| {
+        let (code, then) = match e.full {
+            true => (Code::CapacityExhausted, "free space first"),
+            false => (Code::UpperFailed, "see the cause"),
+        };
+        CliError::new(
+            code,
+            format!(
+                "the changes of the project's last run are still in {}, and taking them into \
+                 the delta failed: {e}; {then}, nothing was changed",
+                upper().display()
+            ),
+        )
+        .at(upper())
     })
 }
 
@@ -274,7 +317,17 @@ pub fn diff(name: &str, a: &str, b: &str, json: bool) -> super::CliResult {
     Ok(0)
 }
 
-fn restored(r: &RestoreReport, json: bool, verb: &str) -> super::CliResult {
+/// The line said when an upper directory a run left went into the delta before a command.
+pub(super) fn imported_line(i: &Imported) -> String {
+    format!("took the upper directory the project's last run left into the delta first ({i})")
+}
+
+fn restored(
+    r: &RestoreReport,
+    imported: Option<Imported>,
+    json: bool,
+    verb: &str,
+) -> super::CliResult {
     let paths = |v: &[Vec<u8>]| -> Vec<String> {
         v.iter()
             .map(|p| String::from_utf8_lossy(p).into_owned())
@@ -288,8 +341,12 @@ fn restored(r: &RestoreReport, json: bool, verb: &str) -> super::CliResult {
             "files": r.files,
             "kept": paths(&r.kept),
             "dropped": paths(&r.dropped),
+            "imported": imported,
         }))?;
     } else {
+        if let Some(i) = &imported {
+            say(format_args!("{}", imported_line(i)));
+        }
         if let Some(s) = &r.saved {
             say(format_args!("saved the current state as {}", short(s)));
         }
@@ -318,9 +375,9 @@ pub fn restore(a: RestoreArgs) -> super::CliResult {
     let (dir, delta) = (p.dir.clone(), p.db());
     crate::replica::refuse_if_replicated(&delta, "restoring a snapshot into it")
         .map_err(|e| e.to_string())?;
-    let _lock = offline(&dir, &delta, "restoring")?;
+    let (_lock, imported) = offline(&dir, &delta, "restoring")?;
     let r = open(&dir)?.restore(&delta, &a.reference, &ignore)?;
-    restored(&r, a.json, "restored")
+    restored(&r, imported, a.json, "restored")
 }
 
 /// `agentfs undo NAME`.
@@ -329,9 +386,9 @@ pub fn undo(a: NameArgs) -> super::CliResult {
     let ignore = ignore_of(&p)?;
     let (dir, delta) = (p.dir.clone(), p.db());
     crate::replica::refuse_if_replicated(&delta, "undoing into it").map_err(|e| e.to_string())?;
-    let _lock = offline(&dir, &delta, "undoing")?;
+    let (_lock, imported) = offline(&dir, &delta, "undoing")?;
     let r = open(&dir)?.undo(&delta, &ignore)?;
-    restored(&r, a.json, "undone")
+    restored(&r, imported, a.json, "undone")
 }
 
 /// A finding of the store's check as JSON: its code and what it concerns.

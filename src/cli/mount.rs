@@ -131,6 +131,15 @@ pub fn run(mut a: Args, knobs: &Knobs) -> super::CliResult {
         )
         .at(&a.db));
     }
+    // An upper directory an overlayfs run of this project left is newer than the delta: taken
+    // in before a writable mount serves the delta (a held lock is the server's to report).
+    if !options.readonly {
+        if let Ok(lock) = crate::sys::lock::lock_db(&a.db) {
+            if let Some(i) = super::history::settle_upper(&lock, &a.db)? {
+                eprintln!("{}", super::history::imported_line(&i));
+            }
+        }
+    }
     // A read-only mount skips the check: it is how files are rescued from a damaged database.
     if !options.readonly && knobs.mount_quick_check {
         let budget = Duration::from_millis(knobs.mount_quick_check_ms);

@@ -252,10 +252,11 @@ fn unimported_upper(p: &Project) -> Option<Finding> {
         return None;
     }
     let upper = crate::sandbox::upper_dir(&p.dir);
-    let r = match p.source() {
-        Some(src) => crate::sandbox::recover_upper(&p.dir, &db, src).map(|_| ()),
-        None => Err("the project overlays no directory".to_string()),
-    };
+    let r = crate::sys::lock::lock_db(&db)
+        .map_err(CliError::from)
+        .and_then(|lock| super::history::settle_upper(&lock, &db))
+        .map(|_| ())
+        .map_err(|e| format!("{}: {}", e.code.as_str(), e.message));
     Some(Finding::new("unimported_upper", &upper, None).fixed("imported into the delta", r))
 }
 

@@ -35,6 +35,9 @@ pub fn upper_dir(project_dir: &Path) -> PathBuf {
     project_dir.join("upper")
 }
 
+/// What an upper directory is renamed to while it is removed.
+const REMOVED: &str = "upper.removed";
+
 /// Overlayfs' work directory beside it.
 pub fn work_dir(project_dir: &Path) -> PathBuf {
     project_dir.join("work")
@@ -104,7 +107,16 @@ fn open_up(dir: &Path) {
 
 /// Remove the upper and work directories of `project_dir` (absent is fine).
 pub fn remove(project_dir: &Path) -> Result<(), String> {
-    remove_dir(&upper_dir(project_dir))?;
+    // Renamed away first: a removal that stops halfway (a crash, a file it cannot delete)
+    // leaves no partial upper that a later command would take for a run's changes.
+    let (upper, gone) = (upper_dir(project_dir), project_dir.join(REMOVED));
+    remove_dir(&gone)?;
+    match std::fs::rename(&upper, &gone) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{}: {e}", upper.display())),
+    }
+    remove_dir(&gone)?;
     remove_dir(&work_dir(project_dir))
 }
 
@@ -281,10 +293,16 @@ impl Exporter<'_, '_> {
 }
 
 /// What an import wrote into the delta.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct Imported {
     pub objects: u64,
     pub whiteouts: u64,
+}
+
+impl std::fmt::Display for Imported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} objects, {} whiteouts", self.objects, self.whiteouts)
+    }
 }
 
 /// Replace the delta's upper layer of `store` (whose base is `source`) with what the upper
@@ -473,25 +491,26 @@ impl Importer<'_, '_> {
     }
 }
 
-/// `agentfs recover`: import the upper directory an overlayfs run of the project left (it
-/// ended before importing) into its delta `db` over `source`, then remove it. The delta is
-/// locked as a server locks it (a held lock fails: the project is in use).
-pub fn recover(project_dir: &Path, db: &Path, source: &Path) -> Result<Imported, String> {
-    let lock = crate::sys::lock::lock_db(db).map_err(|e| e.to_string())?;
-    recover_locked(&lock, project_dir, db, source)
-}
-
-/// [`recover`] for a caller that already holds the delta's lock (`agentfs convert`).
-pub fn recover_locked(
-    _held: &crate::sys::lock::DbLock,
-    project_dir: &Path,
-    db: &Path,
-    source: &Path,
-) -> Result<Imported, String> {
+/// An upper directory a run left (its supervisor was killed before the end, or the delta had no
+/// room for it) is newer than the delta `db`: a command about to change the delta from outside
+/// a run, holding its lock, takes it in first, so the change starts from what the run did and
+/// no later import of the stale upper overwrites it. None when `db` is not a project's delta or
+/// no upper waits. An import that fails leaves the upper and the delta as they were (`full`
+/// says the delta had no room).
+pub fn settle(_held: &crate::sys::lock::DbLock, db: &Path) -> Result<Option<Imported>, UpperError> {
+    let is_delta = db.file_name() == Some(std::ffi::OsStr::new(crate::project::DELTA));
+    let Some(dir) = db.parent().filter(|d| is_delta && left_over(d)) else {
+        return Ok(None);
+    };
     let store = Store::open(db, false).map_err(|e| format!("{}: {e}", db.display()))?;
-    let done = import(&store, source, project_dir)?;
-    remove(project_dir)?;
-    Ok(done)
+    let source = store
+        .overlay_config()?
+        .map(|c| c.base_path)
+        .ok_or("the project overlays no directory")?;
+    let done = import(&store, &source, dir)?;
+    drop(store);
+    remove(dir)?;
+    Ok(Some(done))
 }
 
 /// The upper directory of `project_dir`, for messages.
