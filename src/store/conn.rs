@@ -470,14 +470,18 @@ impl Checkpointer {
             shared: shared.clone(),
             thread: Some(thread),
         };
-        let (sh, cap) = (shared, pages.saturating_mul(4));
+        let (sh, cap, db) = (shared, pages.saturating_mul(4), db.to_path_buf());
         conn.wal_hook(Some(
             move |wal: &mut rusqlite::hooks::Wal, n: std::ffi::c_int| {
                 let n = u64::try_from(n).unwrap_or(0);
                 if n >= cap {
-                    // Not while the thread checkpoints (this one would only fail busy).
+                    // Not while the thread checkpoints (this one would only fail busy), nor
+                    // once Litestream replicates the database (its WAL is Litestream's).
                     // Errors are not the commit's (it is done): the next commit tries again.
-                    if let Some(_running) = sh.running.try_lock() {
+                    let running = sh.running.try_lock();
+                    if let Some(_running) =
+                        running.filter(|_| !crate::replica::leaves_checkpoints(&db))
+                    {
                         if let Err(e) = wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE) {
                             tracing::warn!("WAL checkpoint at {n} pages failed: {e}");
                         }
