@@ -2,7 +2,7 @@
 //! validation/coherence-stress.py) run on the native filesystem (which proves each gate), on
 //! AgentFS with its defaults (no-open and no-flush: OPEN/OPENDIR/FLUSH answered with ENOSYS), and
 //! with the kill switches that restore the classic exchanges (AGENTFS_FUSE_NOOPEN=0,
-//! AGENTFS_FUSE_NOFLUSH=0) or turn the writeback cache off. Every mount is unmounted cleanly and
+//! AGENTFS_FUSE_NOFLUSH=0) or turn the writeback cache on. Every mount is unmounted cleanly and
 //! its database checked afterwards.
 
 mod common;
@@ -126,8 +126,12 @@ fn coherence_stress_native() {
 // now and then, so it runs on demand: `cargo test --test coherence -- --ignored`.
 #[test]
 #[ignore = "kernel FUSE race: a reply can land between an unlink and the kernel's own nlink drop"]
-fn coherence_stress_agentfs_default() {
-    on_agentfs("coherence_stress_agentfs_default", STRESS, &[]);
+fn coherence_stress_agentfs_writeback_cache_on() {
+    on_agentfs(
+        "coherence_stress_agentfs_writeback_cache_on",
+        STRESS,
+        &[("AGENTFS_FUSE_WRITEBACK_CACHE", "1")],
+    );
 }
 
 // The kernel's double nlink drop (kernel-notes/fuse-server-facts.md) can still be hit through
@@ -140,17 +144,16 @@ fn coherence_stress_agentfs_classic_open() {
     on_agentfs(
         "coherence_stress_agentfs_classic_open",
         STRESS,
-        &[("AGENTFS_FUSE_NOOPEN", "0")],
+        &[
+            ("AGENTFS_FUSE_NOOPEN", "0"),
+            ("AGENTFS_FUSE_WRITEBACK_CACHE", "1"),
+        ],
     );
 }
 
 #[test]
-fn coherence_stress_agentfs_writeback_cache_off() {
-    on_agentfs(
-        "coherence_stress_agentfs_writeback_cache_off",
-        STRESS,
-        &[("AGENTFS_FUSE_WRITEBACK_CACHE", "0")],
-    );
+fn coherence_stress_agentfs_default() {
+    on_agentfs("coherence_stress_agentfs_default", STRESS, &[]);
 }
 
 // ---- hardlink-race.py (10 s each): replies racing the kernel's own nlink drop ----

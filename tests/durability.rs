@@ -152,7 +152,10 @@ fn syncfs_pushes_written_pages_but_is_no_barrier_and_fsync_is() {
         return;
     }
     // No durability window: only barriers sync.
-    let Some((mut m, _log_dir, log)) = traced(&["AGENTFS_DURABILITY_WINDOW_MS=0"]) else {
+    let Some((mut m, _log_dir, log)) = traced(&[
+        "AGENTFS_DURABILITY_WINDOW_MS=0",
+        "AGENTFS_FUSE_WRITEBACK_CACHE=1",
+    ]) else {
         return;
     };
     let calls = || count_calls(&log, "fdatasync") + count_calls(&log, "fsync");

@@ -35,15 +35,15 @@ fn posix_gate_passes_on_agentfs() {
 }
 
 #[test]
-fn posix_gate_passes_with_the_writeback_cache_off() {
-    if !fuse_or_skip("posix_gate_passes_with_the_writeback_cache_off") {
+fn posix_gate_passes_with_the_writeback_cache_on() {
+    if !fuse_or_skip("posix_gate_passes_with_the_writeback_cache_on") {
         return;
     }
-    // Write-through: every write reaches the store at once and LSEEK answers from the chunk map.
-    let mut m = Mounted::with_env(&[("AGENTFS_FUSE_WRITEBACK_CACHE", "0")]);
+    // The kernel buffers writes and owns the write times; WRITEs arrive from its writeback.
+    let mut m = Mounted::with_env(&[("AGENTFS_FUSE_WRITEBACK_CACHE", "1")]);
     let (ok, text) = gate(&["validation/posix_gate.py", m.mnt.to_str().unwrap()]);
     println!("{text}");
-    assert!(ok, "posix gate failed without the writeback cache:\n{text}");
+    assert!(ok, "posix gate failed with the writeback cache:\n{text}");
     m.unmount();
     common::assert_consistent(&m.db);
 }

@@ -367,7 +367,7 @@ fn small_writes(path: &std::path::Path) {
 }
 
 /// With FUSE_HANDLE_KILLPRIV_V2 the server clears set-id bits itself, so the kernel stops
-/// asking for security.capability before each write(2): with the default writeback cache
+/// asking for security.capability before each write(2): with the writeback cache on
 /// 2,000 small writes cost a handful of requests (a GETXATTR again after each attribute
 /// refresh, every second at most), against one per call when the kill switch hands the job
 /// back to the kernel.
@@ -377,7 +377,10 @@ fn small_writes_cost_no_request_each() {
         return;
     }
     for (killpriv, bound) in [("1", 0..200u64), ("0", 2000..u64::MAX)] {
-        let mut m = Mounted::with_env(&[("AGENTFS_FUSE_KILLPRIV_V2", killpriv)]);
+        let mut m = Mounted::with_env(&[
+            ("AGENTFS_FUSE_KILLPRIV_V2", killpriv),
+            ("AGENTFS_FUSE_WRITEBACK_CACHE", "1"),
+        ]);
         let pid = m.server_pid();
         let before = served(pid);
         small_writes(&m.path("f"));

@@ -1,7 +1,7 @@
 //! `cargo bench --bench workloads -- replicate`: the workload suite on a plain mount, on a
 //! mount replicating to a local S3 server (moto) with Litestream and on one replicating to a
 //! local directory (`file://`, Litestream without moto), in the same run, repetitions
-//! alternating; then the replication lag, barrier to replica, on a replicating mount under a
+//! alternating (the columns' order rotating from one repetition to the next); then the replication lag, barrier to replica, on a replicating mount under a
 //! steady write load. Litestream and moto come from target/test-venv (validation/install-deps.sh).
 
 use std::fs::File;
@@ -313,7 +313,13 @@ pub fn run_replica(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
     }
     let mut cols: Vec<Column> = targets.iter().map(|t| Column::new(t.name)).collect();
     for rep in 0..plan.reps {
-        for (t, col) in targets.iter_mut().zip(cols.iter_mut()) {
+        // The order rotates from one repetition to the next: whatever the place in a
+        // repetition costs (a cold start, a warm disk) falls on every column alike.
+        let mut order: Vec<(&mut Target, &mut Column)> =
+            targets.iter_mut().zip(cols.iter_mut()).collect();
+        let n = order.len().max(1);
+        order.rotate_left(rep % n);
+        for (t, col) in order {
             eprint!("rep {}/{} {:16} ...", rep + 1, plan.reps, t.name);
             let t0 = Instant::now();
             match one_rep(t, plan, tree) {
@@ -349,7 +355,7 @@ pub fn run_replica(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
         s.push('\n');
     }
     s.push_str(&format!(
-        "\nCells: median of {} repetitions (× agentfs) [min–max], the columns alternating: \
+        "\nCells: median of {} repetitions (× agentfs) [min–max], the columns alternating in a rotating order: \
          agentfs+replica replicates to the local S3 server, agentfs+replica-dir to a local \
          directory. Replication \
          lag, from a barrier (fsync through a replicating mount under a steady write load, \
