@@ -197,7 +197,11 @@ impl SpaceGuard {
         let fits = |s: &Sample| s.left().saturating_sub(clamp(s.cost(n).0)) >= self.reserve;
         if n > 0 && st.sample.as_ref().is_some_and(|s| !fits(s)) {
             // Fresh figures before refusing, after handing back what can be handed back.
-            if st.reclaimed.is_none_or(|t| t.elapsed() >= self.every) {
+            // At most once per sample interval, unless free pages wait to be handed back (a
+            // deletion since the last reclaim left them).
+            let due = st.reclaimed.is_none_or(|t| t.elapsed() >= self.every)
+                || fig.pages().is_ok_and(|p| p.incremental && p.free > 0);
+            if due {
                 fig.reclaim();
                 st.reclaimed = Some(Instant::now());
             }
@@ -287,6 +291,34 @@ mod tests {
         fn reclaim(&self) {
             self.0.set(self.0.get() + 1);
         }
+    }
+
+    /// A database whose free list stays non-empty (a deletion left pages to hand back).
+    struct Freed(Cell<u32>);
+
+    impl Figures for Freed {
+        fn pages(&self) -> Result<DbPages, Errno> {
+            Ok(DbPages {
+                page_size: 4096,
+                pages: 10,
+                free: 5,
+                incremental: true,
+            })
+        }
+        fn reclaim(&self) {
+            self.0.set(self.0.get() + 1);
+        }
+    }
+
+    #[test]
+    fn free_pages_waiting_are_handed_back_before_every_refusal() {
+        let dir = tempfile::tempdir().unwrap();
+        let (free, _) = crate::sys::space::host_space(&dir.path().join("db.sqlite")).unwrap();
+        let g = guard(dir.path(), clamp(free) + (1 << 30), 0);
+        let fig = Freed(Cell::new(0));
+        assert_eq!(g.admit(Need::op(10), 0, &fig), Err(Errno::ENOSPC));
+        assert_eq!(g.admit(Need::op(10), 0, &fig), Err(Errno::ENOSPC));
+        assert_eq!(fig.0.get(), 2, "free pages were left waiting at a refusal");
     }
 
     fn guard(dir: &Path, reserve: i64, low: i64) -> SpaceGuard {
