@@ -394,6 +394,37 @@ fn small_writes_cost_no_request_each() {
     }
 }
 
+/// Under the kernel's writeback cache every close(2) marks the file's st_blocks stale, so the
+/// first stat after it is a GETATTR whatever the attribute timeout; write-through (the
+/// default) keeps the attributes the CREATE reply gave. 200 empty files created, closed and
+/// then stat'ed: no request per file by default, one per file with the cache on. (A file
+/// written through is asked for again either way: each WRITE makes its size and times stale.)
+#[test]
+fn stat_after_create_costs_no_request_per_file_by_default() {
+    if !fuse_or_skip("stat_after_create_costs_no_request_per_file_by_default") {
+        return;
+    }
+    for (cache, bound) in [("0", 0..20u64), ("1", 200..u64::MAX)] {
+        let mut m = Mounted::with_env(&[("AGENTFS_FUSE_WRITEBACK_CACHE", cache)]);
+        let dir = m.path("d");
+        fs::create_dir(&dir).unwrap();
+        for i in 0..200 {
+            fs::File::create(dir.join(format!("f{i}"))).unwrap();
+        }
+        let pid = m.server_pid();
+        let before = served(pid);
+        for i in 0..200 {
+            assert_eq!(fs::metadata(dir.join(format!("f{i}"))).unwrap().len(), 0);
+        }
+        let spent = served(pid) - before;
+        assert!(
+            bound.contains(&spent),
+            "AGENTFS_FUSE_WRITEBACK_CACHE={cache}: 200 stats after create cost {spent} requests"
+        );
+        m.unmount();
+    }
+}
+
 /// Directories open without OPENDIR by default, so the kernel serves ten listings of an
 /// unchanged directory from its own cache; with `AGENTFS_FUSE_NOOPENDIR=0` they are ten rounds
 /// of requests. After a change, the next listing is the server's again.
