@@ -1,8 +1,9 @@
 //! `cargo bench --bench workloads -- replicate`: the workload suite on a plain mount, on a
 //! mount replicating to a local S3 server (moto) with Litestream and on one replicating to a
 //! local directory (`file://`, Litestream without moto), in the same run, repetitions
-//! alternating (the columns' order rotating from one repetition to the next); then the replication lag, barrier to replica, on a replicating mount under a
-//! steady write load. Litestream and moto come from target/test-venv (validation/install-deps.sh).
+//! alternating (the columns' order rotating from one repetition to the next); then the
+//! replication lag, barrier to replica, on a replicating mount under a steady write load.
+//! Litestream and moto come from target/test-venv (validation/install-deps.sh).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt as _;

@@ -52,10 +52,9 @@ pub fn run(mut a: Args, knobs: &crate::knobs::Knobs) -> super::CliResult {
     }
     // A dry run cannot take in an upper directory a run left (it changes nothing): it would
     // show less than the run did. An apply takes it in first, holding the lock.
-    if let Some(dir) = a.db.parent().filter(|_| a.dry_run && a.from.is_none()) {
-        let delta = a.db.file_name() == Some(std::ffi::OsStr::new(crate::project::DELTA));
-        if delta && crate::sandbox::upper_left_over(dir) {
-            return Err(super::discard::upper_waits(dir));
+    if a.dry_run && a.from.is_none() {
+        if let Some(dir) = crate::sandbox::upper_waiting(&a.db) {
+            return Err(super::history::upper_waits(dir));
         }
     }
     let result = match a.from.clone() {

@@ -12,23 +12,6 @@ use crate::project::{self, Project};
 use crate::sandbox::LiveMarker;
 use crate::sys::{ns, registry};
 
-/// Changes wait in the upper directory of the project at `dir`, not in its delta: said as
-/// `unapplied_changes`.
-pub(super) fn upper_waits(dir: &Path) -> CliError {
-    let why = match crate::sandbox::live(dir) {
-        Some(_) => "its sandbox runs on overlayfs, whose changes reach the delta at its end",
-        None => "its last run's changes wait there; `agentfs recover` takes them into the delta",
-    };
-    CliError::new(
-        Code::UnappliedChanges,
-        format!(
-            "changes are in {}, not in the delta: {why}",
-            crate::sandbox::upper_dir(dir).display()
-        ),
-    )
-    .at(crate::sandbox::upper_dir(dir))
-}
-
 /// How long a sandbox asked to stop (or killed) may take to end.
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
@@ -52,7 +35,7 @@ pub fn run(a: Args, knobs: &Knobs) -> super::CliResult {
     // Changes in an upper directory (a live overlayfs run, or one a run left) are not in the
     // delta, which cannot say what the discard would lose.
     if crate::sandbox::upper_left_over(&p.dir) && !a.force {
-        let e = upper_waits(&p.dir);
+        let e = super::history::upper_waits(&p.dir);
         let message = format!("{}; --force discards them", e.message);
         return Err(CliError { message, ..e });
     }

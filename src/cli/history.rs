@@ -317,6 +317,23 @@ pub fn diff(name: &str, a: &str, b: &str, json: bool) -> super::CliResult {
     Ok(0)
 }
 
+/// Changes wait in the upper directory of the project at `dir`, not in its delta: said as
+/// `unapplied_changes`.
+pub(super) fn upper_waits(dir: &Path) -> CliError {
+    let why = match crate::sandbox::live(dir) {
+        Some(_) => "its sandbox runs on overlayfs, whose changes reach the delta at its end",
+        None => "its last run's changes wait there; `agentfs recover` takes them into the delta",
+    };
+    CliError::new(
+        Code::UnappliedChanges,
+        format!(
+            "changes are in {}, not in the delta: {why}",
+            crate::sandbox::upper_dir(dir).display()
+        ),
+    )
+    .at(crate::sandbox::upper_dir(dir))
+}
+
 /// The line said when an upper directory a run left went into the delta before a command.
 pub(super) fn imported_line(i: &Imported) -> String {
     format!("took the upper directory the project's last run left into the delta first ({i})")

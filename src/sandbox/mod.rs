@@ -21,7 +21,10 @@ mod view;
 
 pub use launch::{exec, run};
 pub use record::{latest_record, live, LiveMarker, RunRecord};
-pub use upperdir::{left_over as upper_left_over, settle as settle_upper, upper_dir, Imported};
+pub use upperdir::{
+    left_over as upper_left_over, settle as settle_upper, upper_dir,
+    waiting_beside as upper_waiting, Imported,
+};
 
 /// Why a sandbox did not start (or its server lost work); one line that says how to fix it.
 #[derive(Debug, thiserror::Error)]

@@ -498,8 +498,7 @@ impl Importer<'_, '_> {
 /// no upper waits. An import that fails leaves the upper and the delta as they were (`full`
 /// says the delta had no room).
 pub fn settle(_held: &crate::sys::lock::DbLock, db: &Path) -> Result<Option<Imported>, UpperError> {
-    let is_delta = db.file_name() == Some(std::ffi::OsStr::new(crate::project::DELTA));
-    let Some(dir) = db.parent().filter(|d| is_delta && left_over(d)) else {
+    let Some(dir) = waiting_beside(db) else {
         return Ok(None);
     };
     let store = Store::open(db, false).map_err(|e| format!("{}: {e}", db.display()))?;
@@ -516,6 +515,13 @@ pub fn settle(_held: &crate::sys::lock::DbLock, db: &Path) -> Result<Option<Impo
 /// The upper directory of `project_dir`, for messages.
 pub fn shown(project_dir: &Path) -> String {
     upper_dir(project_dir).display().to_string()
+}
+
+/// The project directory of `db` when `db` is a project's delta and an upper directory waits
+/// beside it (a live overlayfs run's, or one a run left).
+pub fn waiting_beside(db: &Path) -> Option<&Path> {
+    let is_delta = db.file_name() == Some(std::ffi::OsStr::new(crate::project::DELTA));
+    db.parent().filter(|d| is_delta && left_over(d))
 }
 
 /// Whether `project_dir` holds an upper directory a previous run left unimported.
