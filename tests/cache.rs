@@ -172,6 +172,94 @@ fn external_changes_are_missed_without_the_watcher() {
     m.unmount();
 }
 
+/// Requests the server answered (both transports), once its counters settled.
+fn served(m: &Mounted) -> u64 {
+    let rec = common::settled_record(m.server_pid());
+    rec.ring_requests + rec.devfuse_requests
+}
+
+/// Commits by another process that leave the filesystem's tables alone (what Litestream writes
+/// into a database it replicates: its `_litestream_seq` and `_litestream_lock` tables; an
+/// `agentfs kv set`) do not make the server drop the kernel's caches: an fstat of each of 100
+/// open files costs no request afterwards. The control in the same mount: a file written by
+/// `agentfs fs` makes the server invalidate, and the same fstats go to the server again. (The
+/// files stay open so that a drop_caches by another program cannot evict them.)
+#[test]
+fn commits_that_leave_the_files_alone_keep_the_kernel_caches() {
+    if !fuse_or_skip("commits_that_leave_the_files_alone_keep_the_kernel_caches") {
+        return;
+    }
+    let mut m = Mounted::with_env(&LONG_TTL);
+    let dir = m.path("d");
+    std::fs::create_dir(&dir).unwrap();
+    let files: Vec<std::fs::File> = (0..100)
+        .map(|i| {
+            let p = dir.join(format!("f{i}"));
+            std::fs::write(&p, b"x").unwrap();
+            std::fs::File::open(&p).unwrap()
+        })
+        .collect();
+    let look = |from: usize| {
+        for f in &files[from..] {
+            assert_eq!(f.metadata().unwrap().len(), 1);
+        }
+    };
+    look(0);
+    look(0);
+    // Polls of AGENTFS_EXTERNAL_POLL_MS=100 see each commit.
+    let polls = || std::thread::sleep(Duration::from_millis(400));
+
+    let before = served(&m);
+    let foreign = rusqlite::Connection::open(&m.db).unwrap();
+    foreign.busy_timeout(Duration::from_secs(10)).unwrap();
+    foreign
+        .execute_batch(
+            "CREATE TABLE IF NOT EXISTS _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER);
+             CREATE TABLE IF NOT EXISTS _litestream_lock (id INTEGER);",
+        )
+        .unwrap();
+    for n in 0..5 {
+        foreign
+            .execute(
+                "INSERT INTO _litestream_seq (id, seq) VALUES (1, ?1)
+                 ON CONFLICT(id) DO UPDATE SET seq = excluded.seq",
+                [n],
+            )
+            .unwrap();
+        polls();
+    }
+    drop(foreign);
+    let kv = Command::new(common::bin())
+        .arg("kv")
+        .arg(&m.db)
+        .args(["set", "k", "1"])
+        .output()
+        .unwrap();
+    assert!(kv.status.success(), "agentfs kv set: {kv:?}");
+    polls();
+    look(0);
+    let kept = served(&m) - before;
+    assert!(
+        kept < 10,
+        "fstats after commits to other tables cost {kept} requests: the kernel's caches were dropped"
+    );
+
+    // The control: a change to the files is still seen, and costs the kernel its caches.
+    let before = served(&m);
+    offline(&m.db, &["write", "/d/f0"], b"yy");
+    let seen = eventually(|| files[0].metadata().map(|md| md.len()).ok() == Some(2));
+    assert!(seen.is_some(), "a change by `agentfs fs` was not seen");
+    look(1);
+    let after_change = served(&m) - before;
+    assert!(
+        after_change >= 100,
+        "only {after_change} requests after an external change: nothing was invalidated"
+    );
+    drop(files);
+    m.unmount();
+    common::assert_consistent(&m.db);
+}
+
 /// Writers mutate their own files in one shared directory (truncate to a growing size,
 /// rename between two names, recreate, mkdir/rmdir) while readers stat and list everything
 /// without pause, filling the server caches with values that race the mutations. Kernel

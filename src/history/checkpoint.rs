@@ -197,10 +197,12 @@ fn wait(stopped: &UnixStream, requests: Option<&UnixListener>, tick: Duration) -
     }
 }
 
-/// `PRAGMA data_version` of a connection of our own: it changes whenever another connection
-/// (the server's) commits to the delta. The cheapest sign of writes there is. Opened before
-/// the command starts (the first query sets the connection's baseline), so its first writes
-/// count as a change.
+/// Where the delta's change counter stands ([`crate::store::change_seq`]: rows of the
+/// filesystem's tables written by anyone), read on a connection of our own. The cheapest sign
+/// of writes to the files there is; commits that leave them alone (Litestream's own tables
+/// while the project replicates) do not count. A delta without the counter falls back to
+/// `PRAGMA data_version`, which every other connection's commit moves. Opened before the
+/// command starts, so its first writes count as a change.
 pub struct Activity {
     conn: Option<rusqlite::Connection>,
     first: i64,
@@ -219,10 +221,13 @@ impl Activity {
     }
 
     fn version(&self) -> i64 {
-        self.conn
-            .as_ref()
-            .and_then(|c| c.query_row("PRAGMA data_version", [], |r| r.get(0)).ok())
-            .unwrap_or(0)
+        let Some(c) = &self.conn else { return 0 };
+        match crate::store::change_seq(c) {
+            Ok(Some(seq)) => seq,
+            _ => c
+                .query_row("PRAGMA data_version", [], |r| r.get(0))
+                .unwrap_or(0),
+        }
     }
 }
 

@@ -114,6 +114,13 @@ pub struct Writer {
     /// `PRAGMA data_version` at the last successful barrier (moves when another process
     /// commits to the database).
     synced_version: Option<i64>,
+    /// The change counter ([`super::schema::change_seq`]) as this connection's own commits
+    /// left it: read when a transaction begins and again just before it commits.
+    own_seq: Option<i64>,
+    /// At the start of a transaction the counter was not where our last commit left it:
+    /// another connection changed the filesystem's tables in between (see
+    /// [`Writer::foreign_change`]).
+    foreign_seq: bool,
     /// The sticky failure a lost batch or a failed fdatasync records.
     failure: Arc<Failure>,
     on_lost: Option<LostHook>,
@@ -162,6 +169,8 @@ impl Writer {
             sync_window: Duration::from_millis(k.durability_window_ms),
             fault: (!k.fault_commit.is_empty()).then(|| PathBuf::from(&k.fault_commit)),
             synced_version: None,
+            own_seq: None,
+            foreign_seq: false,
             failure,
             on_lost: None,
             space_low: Arc::new(AtomicBool::new(false)),
@@ -214,8 +223,8 @@ impl Writer {
             return (self.transact_alone(f), false);
         }
         if opened {
-            if let Err(e) = begin_immediate(&self.conn) {
-                return (Err(e.into()), false);
+            if let Err(e) = self.begin() {
+                return (Err(e), false);
             }
             self.batch = Some(OpenBatch {
                 since: Instant::now(),
@@ -281,11 +290,9 @@ impl Writer {
         &mut self,
         f: impl FnOnce(&Connection) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
-        begin_immediate(&self.conn)?;
+        self.begin()?;
         let out = f(&self.conn).and_then(|v| {
-            // A rollback follows a failure, as a failing disk would leave it.
-            fault(&self.fault)?;
-            self.conn.execute_batch("COMMIT")?;
+            self.commit_now()?;
             Ok(v)
         });
         if out.is_err() && !self.conn.is_autocommit() {
@@ -294,6 +301,55 @@ impl Writer {
         let out = out?;
         self.committed();
         Ok(out)
+    }
+
+    /// BEGIN IMMEDIATE, and note where the change counter stands: if another connection
+    /// moved it since our last commit, that is a foreign change.
+    fn begin(&mut self) -> Result<(), Errno> {
+        begin_immediate(&self.conn)?;
+        match super::schema::change_seq(&self.conn) {
+            Ok(Some(seq)) => {
+                self.foreign_seq |= self.own_seq.is_some_and(|own| own != seq);
+                self.own_seq = Some(seq);
+            }
+            Ok(None) => {}
+            Err(_) => self.foreign_seq = true,
+        }
+        Ok(())
+    }
+
+    /// COMMIT the open transaction (failing with the injected fault, if any), remembering the
+    /// change counter it leaves behind. On failure the caller rolls back.
+    fn commit_now(&mut self) -> Result<(), Errno> {
+        // A rollback follows a failure, as a failing disk would leave it.
+        fault(&self.fault)?;
+        let seq = super::schema::change_seq(&self.conn);
+        self.conn.execute_batch("COMMIT")?;
+        match seq {
+            Ok(seq) => self.own_seq = seq,
+            Err(_) => self.foreign_seq = true,
+        }
+        Ok(())
+    }
+
+    /// Whether another connection changed the filesystem's tables since the last call: a
+    /// commit of its own that moved the change counter. Commits that leave the counter alone
+    /// (Litestream's bookkeeping, `agentfs kv`) are not changes. Without a counter every
+    /// call answers yes. The first call sets the baseline.
+    pub fn foreign_change(&mut self) -> bool {
+        let mut foreign = std::mem::take(&mut self.foreign_seq);
+        // With a transaction of ours open nobody else can have committed since it began, and
+        // `begin` compared the counter then.
+        if self.conn.is_autocommit() {
+            match super::schema::change_seq(&self.conn) {
+                Ok(Some(seq)) => {
+                    foreign |= self.own_seq.is_some_and(|own| own != seq);
+                    self.own_seq = Some(seq);
+                }
+                Ok(None) | Err(_) => foreign = true,
+            }
+        }
+        foreign
     }
 
     /// A transaction committed: it is not durable until a barrier or the durability window.
@@ -309,7 +365,7 @@ impl Writer {
         if self.batch.is_none() {
             return Ok(());
         }
-        match fault(&self.fault).and_then(|_| Ok(self.conn.execute_batch("COMMIT")?)) {
+        match self.commit_now() {
             Ok(()) => {
                 self.batch = None;
                 self.open_flag.store(false, Ordering::Release);

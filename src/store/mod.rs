@@ -54,7 +54,8 @@ pub use failure::Failure;
 pub use namespace::NewKind;
 pub use overlay::Effects;
 pub use schema::{
-    USER_VERSION_V00, USER_VERSION_V02, USER_VERSION_V03, USER_VERSION_V04, USER_VERSION_V05,
+    change_seq, USER_VERSION_V00, USER_VERSION_V02, USER_VERSION_V03, USER_VERSION_V04,
+    USER_VERSION_V05,
 };
 
 /// An inode number; also the FUSE node id (the root is 1).
@@ -412,12 +413,21 @@ pub struct Store {
     /// Attribute, lookup and listing caches (see [`crate::cache`]). Every mutation method
     /// invalidates what it changed after its transaction and before it returns.
     caches: Arc<Caches>,
-    /// The last `PRAGMA data_version` seen by [`Store::external_change`], and on a read-only
-    /// open the connection it is read on (the writer's own commits never change it there).
-    watch: Mutex<(Option<i64>, Option<rusqlite::Connection>)>,
+    /// What [`Store::external_change`] saw last.
+    watch: Mutex<Watch>,
     /// The sticky failure: once a commit lost acknowledged work, every mutation is refused
     /// with its errno and every barrier reports it (see [`Failure`]).
     failure: Arc<Failure>,
+}
+
+/// What the external-change watcher saw last: `PRAGMA data_version` (on the writer's
+/// connection, whose own commits never change it; on a read-only open on `conn`), and on a
+/// read-only open the change counter.
+#[derive(Default)]
+struct Watch {
+    version: Option<i64>,
+    conn: Option<rusqlite::Connection>,
+    seq: Option<i64>,
 }
 
 impl Store {
@@ -547,7 +557,7 @@ impl Store {
             write_times: std::sync::atomic::AtomicBool::new(true),
             caches,
             failure,
-            watch: Mutex::new((None, None)),
+            watch: Mutex::new(Watch::default()),
         })
     }
 
@@ -866,26 +876,40 @@ impl Store {
     /// records the version.
     pub fn external_change(&self) -> Result<Option<Vec<ChangedName>>, Errno> {
         let mut watch = self.watch.lock();
-        let version: i64 = match &self.writer {
-            Some(w) => w
-                .lock()
-                .conn()
-                .query_row("PRAGMA data_version", [], |r| r.get(0))?,
+        let watch = &mut *watch;
+        let data_version = |c: &rusqlite::Connection| -> Result<i64, Errno> {
+            Ok(c.query_row("PRAGMA data_version", [], |r| r.get(0))?)
+        };
+        let changed = match &self.writer {
+            Some(w) => {
+                let mut w = w.lock();
+                let version = data_version(w.conn())?;
+                let last = watch.version.replace(version);
+                // Asked at the baseline too: its first call sets the counter's baseline.
+                let foreign = last != Some(version) && w.foreign_change();
+                foreign && last.is_some()
+            }
             None => {
-                if watch.1.is_none() {
-                    watch.1 = Some(conn::open(&self.path, true)?);
-                }
-                match &watch.1 {
-                    Some(c) => c.query_row("PRAGMA data_version", [], |r| r.get(0))?,
-                    None => return Ok(None),
+                let c = match &mut watch.conn {
+                    Some(c) => c,
+                    None => watch.conn.insert(conn::open(&self.path, true)?),
+                };
+                let version = data_version(c)?;
+                let last = watch.version.replace(version);
+                if last != Some(version) {
+                    // Every commit is another process's here; only those that moved the
+                    // counter changed the filesystem (no counter: all of them may have).
+                    let seq = schema::change_seq(c)?;
+                    let before = std::mem::replace(&mut watch.seq, seq);
+                    last.is_some() && (seq.is_none() || seq != before)
+                } else {
+                    false
                 }
             }
         };
-        let last = watch.0.replace(version);
-        if last.is_none() || last == Some(version) {
+        if !changed {
             return Ok(None);
         }
-        drop(watch);
         let names = self.caches.cached_names();
         self.caches.clear();
         let changed = self.read_tx(|c| {
@@ -1599,7 +1623,7 @@ impl Drop for Store {
         // deletes the -wal and -shm files only when the last connection to close can write,
         // so the writer (dropped with the fields below) must be that one.
         self.readers.close_idle();
-        self.watch.lock().1 = None;
+        self.watch.lock().conn = None;
     }
 }
 

@@ -174,6 +174,64 @@ CREATE TRIGGER fs_dir_stats_reap AFTER DELETE ON fs_inode
 BEGIN
   DELETE FROM fs_dir_stats WHERE ino = OLD.ino;
 END;
+CREATE TABLE fs_change (
+  id INTEGER PRIMARY KEY CHECK (id = 0),
+  seq INTEGER NOT NULL
+);
+CREATE TRIGGER fs_change_inode_i AFTER INSERT ON fs_inode
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_inode_u AFTER UPDATE ON fs_inode
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_inode_d AFTER DELETE ON fs_inode
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_dentry_i AFTER INSERT ON fs_dentry
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_dentry_u AFTER UPDATE ON fs_dentry
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_dentry_d AFTER DELETE ON fs_dentry
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_data_i AFTER INSERT ON fs_data
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_data_u AFTER UPDATE ON fs_data
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_data_d AFTER DELETE ON fs_data
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_symlink_i AFTER INSERT ON fs_symlink
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_symlink_u AFTER UPDATE ON fs_symlink
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_symlink_d AFTER DELETE ON fs_symlink
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_xattr_i AFTER INSERT ON fs_xattr
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_xattr_u AFTER UPDATE ON fs_xattr
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_xattr_d AFTER DELETE ON fs_xattr
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_whiteout_i AFTER INSERT ON fs_whiteout
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_whiteout_u AFTER UPDATE ON fs_whiteout
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_whiteout_d AFTER DELETE ON fs_whiteout
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_origin_i AFTER INSERT ON fs_origin
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_origin_u AFTER UPDATE ON fs_origin
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_origin_d AFTER DELETE ON fs_origin
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_partial_i AFTER INSERT ON fs_partial_origin
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_partial_u AFTER UPDATE ON fs_partial_origin
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_partial_d AFTER DELETE ON fs_partial_origin
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_override_i AFTER INSERT ON fs_chunk_override
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_override_u AFTER UPDATE ON fs_chunk_override
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
+CREATE TRIGGER fs_change_override_d AFTER DELETE ON fs_chunk_override
+BEGIN INSERT INTO fs_change VALUES (0, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; END;
 "#;
 
 /// The `CREATE TABLE` statement of `table` exactly as [`DDL`] has it (for migrations that add
@@ -511,28 +569,65 @@ fn read_config(conn: &Connection, path: &Path) -> Result<FsConfig, StoreError> {
     })
 }
 
-/// Create our extension objects if a (foreign) v0.5 database lacks them. Writable opens only.
+/// The change counter and its triggers exactly as [`DDL`] has them (its last statements).
+fn change_ddl() -> &'static str {
+    DDL.find("CREATE TABLE fs_change (")
+        .map_or("", |at| &DDL[at..])
+}
+
+/// The names of the objects [`change_ddl`] creates.
+fn change_names() -> impl Iterator<Item = &'static str> {
+    change_ddl().lines().filter_map(|l| {
+        let rest = l
+            .strip_prefix("CREATE TABLE ")
+            .or_else(|| l.strip_prefix("CREATE TRIGGER "))?;
+        rest.split_whitespace().next()
+    })
+}
+
+/// Create our extension objects if a (foreign or older) v0.5 database lacks them. Writable
+/// opens only.
 pub fn ensure_extensions(conn: &Connection) -> rusqlite::Result<()> {
-    let mut present = 0usize;
-    let mut stats_present = false;
-    for name in EXTENSION_NAMES {
-        let found: bool = conn.query_row(
-            "SELECT EXISTS(SELECT 1 FROM sqlite_master WHERE name = ?1)",
-            [name],
-            |r| r.get(0),
-        )?;
-        present += usize::from(found);
-        stats_present |= found && name == "fs_dir_stats";
-    }
-    if present < EXTENSION_NAMES.len() {
+    let mut st = conn.prepare("SELECT name FROM sqlite_master")?;
+    let existing = st
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<std::collections::HashSet<String>>>()?;
+    let has = |name: &str| existing.contains(name);
+    let missing = EXTENSION_NAMES.iter().any(|n| !has(n));
+    let change_missing = change_names().any(|n| !has(n));
+    if missing || change_missing {
         let tx = conn.unchecked_transaction()?;
-        tx.execute_batch(EXTENSIONS_IF_MISSING)?;
-        if !stats_present {
-            tx.execute_batch(DIR_STATS_REBUILD)?;
+        if missing {
+            tx.execute_batch(EXTENSIONS_IF_MISSING)?;
+            if !has("fs_dir_stats") {
+                tx.execute_batch(DIR_STATS_REBUILD)?;
+            }
+        }
+        if change_missing {
+            tx.execute_batch(
+                &change_ddl()
+                    .replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
+                    .replace("CREATE TRIGGER ", "CREATE TRIGGER IF NOT EXISTS "),
+            )?;
         }
         tx.commit()?;
     }
     Ok(())
+}
+
+/// The change counter: how many rows of the tables that make up the filesystem any
+/// connection inserted, updated or deleted (their triggers count them in the same
+/// transaction). `None` when the database has no counter table (a read-only open of a
+/// database no writable open of ours has touched).
+pub fn change_seq(conn: &Connection) -> rusqlite::Result<Option<i64>> {
+    let mut st = match conn.prepare_cached("SELECT seq FROM fs_change WHERE id = 0") {
+        Ok(st) => st,
+        Err(_) if !super::copy::has_table(conn, "main", "fs_change")? => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(Some(
+        st.query_row([], |r| r.get(0)).optional()?.unwrap_or(0),
+    ))
 }
 
 /// Whether the fs_xattr extension table exists (a read-only open of a foreign database may
