@@ -198,6 +198,50 @@ impl Rng {
 /// The highest resident set of any AgentFS server of the current repetition, in KiB.
 static PEAK_RSS_KIB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Wait until a FUSE server we started (`child`, named `what`) has mounted `mnt`; if it exits
+/// first, the error carries its log.
+fn wait_mounted(
+    mnt: &Path,
+    child: &mut Option<Child>,
+    log: &Path,
+    what: &str,
+) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if fstype_of(mnt).is_some_and(|t| t.starts_with("fuse")) {
+            return Ok(());
+        }
+        if let Some(c) = child.as_mut() {
+            if let Ok(Some(st)) = c.try_wait() {
+                *child = None;
+                let log = fs::read_to_string(log).unwrap_or_default();
+                return Err(format!("{what} exited with {st}: {}", log.trim()));
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{what}: not mounted after 15 s"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Wait up to 30 s for a server we started, whose mount is gone, to exit; past that, kill it
+/// by pid (SIGKILL to our own child only) and say so.
+fn reap(mut c: Child) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match c.try_wait() {
+            Ok(Some(_)) => return Ok(()),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = c.kill();
+                let _ = c.wait();
+                return Err(format!("server pid {} killed", c.id()));
+            }
+        }
+    }
+}
+
 /// How long the server idles before its idle resident set is sampled.
 const IDLE_SAMPLE: Duration = Duration::from_secs(30);
 
@@ -258,23 +302,8 @@ impl AgentFsMount {
             replicate: replicate.map(String::from),
             live: true,
         };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if fstype_of(mnt).is_some_and(|t| t.starts_with("fuse")) {
-                return Ok(m);
-            }
-            if let Some(c) = m.child.as_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    m.child = None;
-                    let log = fs::read_to_string(&m.log).unwrap_or_default();
-                    return Err(format!("agentfs mount exited with {st}: {}", log.trim()));
-                }
-            }
-            if Instant::now() > deadline {
-                return Err("agentfs mount: not mounted after 15 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_mounted(mnt, &mut m.child, log, "agentfs mount")?;
+        Ok(m)
     }
 
     /// A figure of the server's /proc status in MiB ("VmRSS", "VmHWM").
@@ -308,22 +337,8 @@ impl AgentFsMount {
                 }
             }
         }
-        if let Some(mut c) = self.child.take() {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                match c.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(10))
-                    }
-                    _ => {
-                        let _ = c.kill(); // by pid: SIGKILL to our own child only
-                        let _ = c.wait();
-                        err.get_or_insert_with(|| format!("server pid {} killed", c.id()));
-                        break;
-                    }
-                }
-            }
+        if let Err(e) = self.child.take().map_or(Ok(()), reap) {
+            err.get_or_insert(e);
         }
         err.map_or(Ok(()), Err)
     }
