@@ -6,7 +6,12 @@
 //!
 //! Targets (columns): AgentFS (the release binary, `agentfs mount DB MNT -f` as our child, a
 //! fresh database per repetition, the database on the same ext4 disk as the native peer), a
-//! native ext4 directory (the limit every ratio is taken against) and a tmpfs we mount. The
+//! native ext4 directory (the limit every ratio is taken against), a tmpfs we mount, and
+//! libfuse's passthrough_hp example mirroring an ext4 directory (module `passthrough_hp`: a C++
+//! server on libfuse 3.17.2 with its own fast defaults, over /dev/fuse since that release has no
+//! io_uring transport). That column needs its binary: `sh benches/workloads/passthrough_hp.sh`
+//! builds it into `target/bench-tools/` from libfuse's release source, or
+//! `AGENTFS_BENCH_PASSTHROUGH_HP=/path` names one; without it the column says how to get it. The
 //! overlay form (module `overlay`) follows: one lower tree through kernel overlayfs,
 //! fuse-overlayfs and AgentFS overlay mode side by side, with the delta's growth. Then the
 //! sandbox (module `sandbox`; alone: `-- sandbox`): the same workloads inside a sandbox on each
@@ -16,7 +21,8 @@
 //! drift on a noisy machine hits every column alike; cells show the median and min–max:
 //! * `seq_write`: N MiB in 1 MiB `write(2)`s, then fsync (timed together).
 //! * `seq_read_cold`: the same file read in 1 MiB blocks after `sync; echo 3 > drop_caches`;
-//!   AgentFS is also remounted, so its SQLite page cache is cold too.
+//!   AgentFS is also remounted, so its SQLite page cache is cold too (and passthrough_hp, so its
+//!   open descriptors of the ext4 files are closed).
 //! * `rand_write_4k`: 4 KiB `pwrite`s at random aligned offsets of a prefilled file, as many as
 //!   the file has blocks, then fsync. Reported in writes/s.
 //! * `create` / `stat` / `readdir` / `unlink`: 10,000 empty files in one directory (readdir is
@@ -50,8 +56,9 @@
 //! project beside a plain `agentfs mount` of its delta. `cargo bench --bench workloads --
 //! sandbox` runs only that part.
 //!
-//! Cleanup: every mount is held by a guard whose Drop unmounts it (and, for AgentFS, ends the
-//! server by pid), so a panic or an early return leaves no /proc/mounts entries behind.
+//! Cleanup: every mount is held by a guard whose Drop unmounts it (and, for AgentFS and
+//! passthrough_hp, ends the server by pid), so a panic or an early return leaves no /proc/mounts
+//! entries behind.
 
 use std::ffi::CString;
 use std::fmt::Write as _;
@@ -64,6 +71,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[path = "workloads/overlay.rs"]
 mod overlay;
+#[path = "workloads/passthrough_hp.rs"]
+mod passthrough_hp;
 #[path = "workloads/replica.rs"]
 mod replica;
 #[path = "workloads/sandbox.rs"]
@@ -413,6 +422,8 @@ enum Backend {
         _mount: TmpfsMount,
         dir: PathBuf,
     },
+    /// libfuse's passthrough_hp over an ext4 directory (module `passthrough_hp`).
+    Passthrough(passthrough_hp::Passthrough),
     /// A directory this process works in for the bench that started it (module `sandbox`),
     /// which makes the caches cold when asked.
     Runner {
@@ -433,6 +444,7 @@ impl Target {
             Backend::Ext4 { dir } | Backend::Tmpfs { dir, .. } | Backend::Runner { dir } => {
                 dir.join("w")
             }
+            Backend::Passthrough(p) => p.root(),
         }
     }
 
@@ -464,6 +476,9 @@ impl Target {
                 url.as_deref(),
             )?));
         }
+        if let Backend::Passthrough(p) = &mut self.backend {
+            p.begin()?;
+        }
         let root = self.root();
         if root.exists() {
             fs::remove_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
@@ -487,8 +502,10 @@ impl Target {
             return Ok(());
         }
         drop_caches();
-        if let Backend::AgentFs { mount: Some(m), .. } = &mut self.backend {
-            m.remount()?;
+        match &mut self.backend {
+            Backend::AgentFs { mount: Some(m), .. } => m.remount()?,
+            Backend::Passthrough(p) => p.remount()?,
+            _ => {}
         }
         Ok(())
     }
@@ -500,6 +517,9 @@ impl Target {
                 return m.stop();
             }
             return Ok(());
+        }
+        if let Backend::Passthrough(p) = &mut self.backend {
+            return p.end();
         }
         let root = self.root();
         fs::remove_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))
@@ -1155,9 +1175,10 @@ fn agentfs_binary(root: &Path) -> Result<PathBuf, String> {
 }
 
 /// Mount points the bench makes inside its scratch directory.
-const SCRATCH_MOUNTS: [&str; 7] = [
+const SCRATCH_MOUNTS: [&str; 8] = [
     "agentfs/mnt",
     "tmpfs",
+    passthrough_hp::MOUNT,
     "ov-0/mnt",
     "ov-1/mnt",
     "ov-2/mnt",
@@ -1326,6 +1347,7 @@ fn main() {
             }
         }
     }
+    passthrough_hp::add(&work, &target_dir, &mut cols, &mut targets);
     for rep in 0..plan.reps {
         for t in targets.iter_mut() {
             eprint!("rep {}/{} {:8} ...", rep + 1, plan.reps, t.name);
