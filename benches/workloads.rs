@@ -6,7 +6,12 @@
 //!
 //! Targets (columns): AgentFS (the release binary, `agentfs mount DB MNT -f` as our child, a
 //! fresh database per repetition, the database on the same ext4 disk as the native peer), a
-//! native ext4 directory (the limit every ratio is taken against) and a tmpfs we mount. The
+//! native ext4 directory (the limit every ratio is taken against), a tmpfs we mount, and
+//! libfuse's passthrough_hp example mirroring an ext4 directory (module `passthrough_hp`: a C++
+//! server on libfuse 3.17.2 with its own fast defaults, over /dev/fuse since that release has no
+//! io_uring transport). That column needs its binary: `sh benches/workloads/passthrough_hp.sh`
+//! builds it into `target/bench-tools/` from libfuse's release source, or
+//! `AGENTFS_BENCH_PASSTHROUGH_HP=/path` names one; without it the column says how to get it. The
 //! overlay form (module `overlay`) follows: one lower tree through kernel overlayfs,
 //! fuse-overlayfs and AgentFS overlay mode side by side, with the delta's growth. Then the
 //! sandbox (module `sandbox`; alone: `-- sandbox`): the same workloads inside a sandbox on each
@@ -16,7 +21,8 @@
 //! drift on a noisy machine hits every column alike; cells show the median and min–max:
 //! * `seq_write`: N MiB in 1 MiB `write(2)`s, then fsync (timed together).
 //! * `seq_read_cold`: the same file read in 1 MiB blocks after `sync; echo 3 > drop_caches`;
-//!   AgentFS is also remounted, so its SQLite page cache is cold too.
+//!   AgentFS is also remounted, so its SQLite page cache is cold too (and passthrough_hp, so its
+//!   open descriptors of the ext4 files are closed).
 //! * `rand_write_4k`: 4 KiB `pwrite`s at random aligned offsets of a prefilled file, as many as
 //!   the file has blocks, then fsync. Reported in writes/s.
 //! * `create` / `stat` / `readdir` / `unlink`: 10,000 empty files in one directory (readdir is
@@ -50,8 +56,9 @@
 //! project beside a plain `agentfs mount` of its delta. `cargo bench --bench workloads --
 //! sandbox` runs only that part.
 //!
-//! Cleanup: every mount is held by a guard whose Drop unmounts it (and, for AgentFS, ends the
-//! server by pid), so a panic or an early return leaves no /proc/mounts entries behind.
+//! Cleanup: every mount is held by a guard whose Drop unmounts it (and, for AgentFS and
+//! passthrough_hp, ends the server by pid), so a panic or an early return leaves no /proc/mounts
+//! entries behind.
 
 use std::ffi::CString;
 use std::fmt::Write as _;
@@ -64,6 +71,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[path = "workloads/overlay.rs"]
 mod overlay;
+#[path = "workloads/passthrough_hp.rs"]
+mod passthrough_hp;
 #[path = "workloads/replica.rs"]
 mod replica;
 #[path = "workloads/sandbox.rs"]
@@ -198,6 +207,50 @@ impl Rng {
 /// The highest resident set of any AgentFS server of the current repetition, in KiB.
 static PEAK_RSS_KIB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Wait until a FUSE server we started (`child`, named `what`) has mounted `mnt`; if it exits
+/// first, the error carries its log.
+fn wait_mounted(
+    mnt: &Path,
+    child: &mut Option<Child>,
+    log: &Path,
+    what: &str,
+) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if fstype_of(mnt).is_some_and(|t| t.starts_with("fuse")) {
+            return Ok(());
+        }
+        if let Some(c) = child.as_mut() {
+            if let Ok(Some(st)) = c.try_wait() {
+                *child = None;
+                let log = fs::read_to_string(log).unwrap_or_default();
+                return Err(format!("{what} exited with {st}: {}", log.trim()));
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{what}: not mounted after 15 s"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Wait up to 30 s for a server we started, whose mount is gone, to exit; past that, kill it
+/// by pid (SIGKILL to our own child only) and say so.
+fn reap(mut c: Child) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match c.try_wait() {
+            Ok(Some(_)) => return Ok(()),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = c.kill();
+                let _ = c.wait();
+                return Err(format!("server pid {} killed", c.id()));
+            }
+        }
+    }
+}
+
 /// How long the server idles before its idle resident set is sampled.
 const IDLE_SAMPLE: Duration = Duration::from_secs(30);
 
@@ -258,23 +311,8 @@ impl AgentFsMount {
             replicate: replicate.map(String::from),
             live: true,
         };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if fstype_of(mnt).is_some_and(|t| t.starts_with("fuse")) {
-                return Ok(m);
-            }
-            if let Some(c) = m.child.as_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    m.child = None;
-                    let log = fs::read_to_string(&m.log).unwrap_or_default();
-                    return Err(format!("agentfs mount exited with {st}: {}", log.trim()));
-                }
-            }
-            if Instant::now() > deadline {
-                return Err("agentfs mount: not mounted after 15 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_mounted(mnt, &mut m.child, log, "agentfs mount")?;
+        Ok(m)
     }
 
     /// A figure of the server's /proc status in MiB ("VmRSS", "VmHWM").
@@ -308,22 +346,8 @@ impl AgentFsMount {
                 }
             }
         }
-        if let Some(mut c) = self.child.take() {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                match c.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(10))
-                    }
-                    _ => {
-                        let _ = c.kill(); // by pid: SIGKILL to our own child only
-                        let _ = c.wait();
-                        err.get_or_insert_with(|| format!("server pid {} killed", c.id()));
-                        break;
-                    }
-                }
-            }
+        if let Err(e) = self.child.take().map_or(Ok(()), reap) {
+            err.get_or_insert(e);
         }
         err.map_or(Ok(()), Err)
     }
@@ -398,6 +422,8 @@ enum Backend {
         _mount: TmpfsMount,
         dir: PathBuf,
     },
+    /// libfuse's passthrough_hp over an ext4 directory (module `passthrough_hp`).
+    Passthrough(passthrough_hp::Passthrough),
     /// A directory this process works in for the bench that started it (module `sandbox`),
     /// which makes the caches cold when asked.
     Runner {
@@ -418,6 +444,7 @@ impl Target {
             Backend::Ext4 { dir } | Backend::Tmpfs { dir, .. } | Backend::Runner { dir } => {
                 dir.join("w")
             }
+            Backend::Passthrough(p) => p.root(),
         }
     }
 
@@ -449,6 +476,9 @@ impl Target {
                 url.as_deref(),
             )?));
         }
+        if let Backend::Passthrough(p) = &mut self.backend {
+            p.begin()?;
+        }
         let root = self.root();
         if root.exists() {
             fs::remove_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
@@ -472,8 +502,10 @@ impl Target {
             return Ok(());
         }
         drop_caches();
-        if let Backend::AgentFs { mount: Some(m), .. } = &mut self.backend {
-            m.remount()?;
+        match &mut self.backend {
+            Backend::AgentFs { mount: Some(m), .. } => m.remount()?,
+            Backend::Passthrough(p) => p.remount()?,
+            _ => {}
         }
         Ok(())
     }
@@ -485,6 +517,9 @@ impl Target {
                 return m.stop();
             }
             return Ok(());
+        }
+        if let Backend::Passthrough(p) = &mut self.backend {
+            return p.end();
         }
         let root = self.root();
         fs::remove_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))
@@ -1140,9 +1175,10 @@ fn agentfs_binary(root: &Path) -> Result<PathBuf, String> {
 }
 
 /// Mount points the bench makes inside its scratch directory.
-const SCRATCH_MOUNTS: [&str; 7] = [
+const SCRATCH_MOUNTS: [&str; 8] = [
     "agentfs/mnt",
     "tmpfs",
+    passthrough_hp::MOUNT,
     "ov-0/mnt",
     "ov-1/mnt",
     "ov-2/mnt",
@@ -1311,6 +1347,7 @@ fn main() {
             }
         }
     }
+    passthrough_hp::add(&work, &target_dir, &mut cols, &mut targets);
     for rep in 0..plan.reps {
         for t in targets.iter_mut() {
             eprint!("rep {}/{} {:8} ...", rep + 1, plan.reps, t.name);
