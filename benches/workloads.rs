@@ -26,8 +26,10 @@
 //! * `tree_copy`: `cp -r` of a real source tree into the target; `git_add_commit`:
 //!   `git init && git add -A && git commit`; `git_status`; `find_stat`: `find . | xargs stat`;
 //!   `find_stat_cold` and `read_all_cold`: the same stat and a `cat` of every file, each after
-//!   `drop_caches` but without a remount (the kernel reclaimed its caches; a server's own stay).
-//!   All in files of the tree per second.
+//!   `drop_caches` but without a remount (the kernel reclaimed its caches; a server's own stay);
+//!   `untar`: `tar -xf` of an uncompressed tar of the same tree (made once per run in the
+//!   scratch space on the ext4 disk, never on a target) into a fresh directory; `rm_rf`:
+//!   `rm -rf` of that directory. All in files of the tree per second.
 //! * `rss_peak` / `rss_end` / `rss_idle`: the AgentFS server's resident set in MiB — the highest
 //!   of every server of the repetition (VmHWM, remounts included), at the end of its workloads,
 //!   and after 30 s without requests (the idle give-back, `AGENTFS_MEMORY_IDLE_MS`). Lower is
@@ -579,6 +581,16 @@ const WORKLOADS: &[Workload] = &[
         what: "cat of every file of the tree after drop_caches",
     },
     Workload {
+        key: "untar",
+        unit: "files/s",
+        what: "tar -xf of the tree (an uncompressed tar on ext4) into a fresh directory",
+    },
+    Workload {
+        key: "rm_rf",
+        unit: "files/s",
+        what: "rm -rf of the unpacked tree",
+    },
+    Workload {
         key: "rss_peak",
         unit: "MiB",
         what: "AgentFS server: highest resident set over the repetition (every remount's server)",
@@ -766,6 +778,8 @@ struct Tree {
     entries: Vec<PathBuf>,
     files: usize,
     bytes: u64,
+    /// An uncompressed tar of the entries, each under its own name as `cp -r` places it.
+    tar: PathBuf,
 }
 
 fn count_tree(p: &Path, files: &mut usize, bytes: &mut u64) {
@@ -781,7 +795,8 @@ fn count_tree(p: &Path, files: &mut usize, bytes: &mut u64) {
     }
 }
 
-fn find_tree(budget: usize) -> Result<Tree, String> {
+/// The tree of at most about `budget` files, and its tar written to `tar`.
+fn find_tree(budget: usize, tar: &Path) -> Result<Tree, String> {
     let sysroot = Command::new("rustc")
         .args(["--print", "sysroot"])
         .output()
@@ -822,6 +837,7 @@ fn find_tree(budget: usize) -> Result<Tree, String> {
         entries: Vec::new(),
         files: 0,
         bytes: 0,
+        tar: tar.to_path_buf(),
     };
     for c in candidates {
         if t.files >= budget {
@@ -833,6 +849,15 @@ fn find_tree(budget: usize) -> Result<Tree, String> {
     if t.files == 0 {
         return Err("no source tree found".into());
     }
+    let mut cmd = Command::new("tar");
+    cmd.arg("-cf").arg(tar);
+    for e in &t.entries {
+        let (Some(dir), Some(name)) = (e.parent(), e.file_name()) else {
+            return Err(format!("{}: not an entry of a directory", e.display()));
+        };
+        cmd.arg("-C").arg(dir).arg(name);
+    }
+    run(&mut cmd)?;
     Ok(t)
 }
 
@@ -880,6 +905,28 @@ fn source_tree(t: &mut Target, tree: &Tree, out: &mut Vec<Sample>) -> Result<(),
     t.kernel_cold();
     let (_, secs) = timed(|| sh("find . -type f -print0 | xargs -0 cat > /dev/null"))?;
     out.push(("read_all_cold", n / secs, secs));
+    untar_rm_rf(t, tree, out)
+}
+
+/// `tar -xf` of the tree's tar (on the ext4 scratch disk) into a fresh directory of the
+/// target, then `rm -rf` of that directory.
+fn untar_rm_rf(t: &Target, tree: &Tree, out: &mut Vec<Sample>) -> Result<(), String> {
+    let dir = t.root().join("untar");
+    io(fs::create_dir(&dir), &dir)?;
+    let n = tree.files as f64;
+    let (_, secs) = timed(|| {
+        run(Command::new("tar")
+            .arg("-xf")
+            .arg(&tree.tar)
+            .arg("-C")
+            .arg(&dir))
+    })?;
+    out.push(("untar", n / secs, secs));
+    let (_, secs) = timed(|| run(Command::new("rm").arg("-rf").arg(&dir)))?;
+    out.push(("rm_rf", n / secs, secs));
+    if dir.exists() {
+        return Err(format!("{}: still there after rm -rf", dir.display()));
+    }
     Ok(())
 }
 
@@ -1183,7 +1230,8 @@ fn main() {
         }
     }
 
-    let tree = find_tree(plan.tree_files).unwrap_or_else(|e| panic!("source tree: {e}"));
+    let tree = find_tree(plan.tree_files, &work.join("tree.tar"))
+        .unwrap_or_else(|e| panic!("source tree: {e}"));
     eprintln!(
         "plan: {plan:?}\ntree: {} — {} entries, {} files, {:.1} MiB",
         tree.label,
@@ -1195,6 +1243,7 @@ fn main() {
         let text = agentfs_binary(&manifest)
             .and_then(|bin| replica::run_lag(&bin, &work))
             .unwrap_or_else(|e| format!("failed: {e}\n"));
+        let _ = fs::remove_file(&tree.tar);
         println!("\n{text}");
         return;
     }
@@ -1202,6 +1251,7 @@ fn main() {
         let table = agentfs_binary(&manifest)
             .and_then(|bin| replica::run_replica(&bin, &work, &plan, &tree))
             .unwrap_or_else(|e| format!("failed: {e}\n"));
+        let _ = fs::remove_file(&tree.tar);
         println!(
             "\nAgentFS workloads{}, without replication, replicating to a local S3 server and to a local directory — {}\n\n{table}",
             if plan.quick { " (quick)" } else { "" },
@@ -1213,6 +1263,7 @@ fn main() {
         let table = agentfs_binary(&manifest)
             .and_then(|bin| sandbox::run_sandbox(&bin, &work, &plan, &tree))
             .unwrap_or_else(|e| format!("failed: {e}\n"));
+        let _ = fs::remove_file(&tree.tar);
         println!(
             "\nAgentFS workloads{}, a sandbox on each backend beside a plain mount and native ext4 — {}\n\n{table}",
             if plan.quick { " (quick)" } else { "" },
