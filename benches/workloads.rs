@@ -48,6 +48,11 @@
 //! Results: a markdown table on stdout, and JSON in `target/bench-results/workloads-<unix>.json`
 //! plus `target/bench-results/latest.json`.
 //!
+//! Requests (module `requests`; alone: `-- requests`): every workload once on an AgentFS mount
+//! with default knobs, counting the FUSE requests each sends with the kernel tracepoint
+//! `fuse:fuse_request_send` — a table of totals, requests per file (or per unit of the row) and
+//! the top opcodes, so a reader sees where the round trips go.
+//!
 //! The sandbox form (module `sandbox`) follows: the same workloads inside `agentfs exec` of a
 //! project beside a plain `agentfs mount` of its delta. `cargo bench --bench workloads --
 //! sandbox` runs only that part.
@@ -68,6 +73,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 mod overlay;
 #[path = "workloads/replica.rs"]
 mod replica;
+#[path = "workloads/requests.rs"]
+mod requests;
 #[path = "workloads/sandbox.rs"]
 mod sandbox;
 
@@ -611,10 +618,17 @@ const WORKLOADS: &[Workload] = &[
 /// taken.
 type Sample = (&'static str, f64, f64);
 
+/// Time one workload. Every timed section is one sample, pushed right after it (the requests
+/// mode counts each section's FUSE requests and pairs them with the samples in that order).
 fn timed<T>(f: impl FnOnce() -> Result<T, String>) -> Result<(T, f64), String> {
+    requests::section_start()?;
     let t = Instant::now();
-    let v = f()?;
-    Ok((v, t.elapsed().as_secs_f64()))
+    let v = f();
+    let secs = t.elapsed().as_secs_f64();
+    let counted = requests::section_end();
+    let v = v?;
+    counted?;
+    Ok((v, secs))
 }
 
 fn io<T>(r: std::io::Result<T>, what: &Path) -> Result<T, String> {
@@ -1081,6 +1095,22 @@ fn json_str(s: &str) -> String {
     o
 }
 
+/// The sizes of a run as a JSON object.
+fn sizes_json(plan: &Plan, tree: &Tree) -> String {
+    format!(
+        "{{\"reps\": {}, \"seq_mib\": {}, \"rand_mib\": {}, \"files\": {}, \
+         \"small_files\": {}, \"tree_files\": {}, \"tree_bytes\": {}, \"tree\": {}}}",
+        plan.reps,
+        plan.seq_mib,
+        plan.rand_mib,
+        plan.files,
+        plan.small_files,
+        tree.files,
+        tree.bytes,
+        json_str(&tree.label)
+    )
+}
+
 fn json(
     cols: &[Column],
     plan: &Plan,
@@ -1095,19 +1125,7 @@ fn json(
     let _ = writeln!(s, "  \"quick\": {},", plan.quick);
     let _ = writeln!(s, "  \"wall_seconds\": {secs:.1},");
     let _ = writeln!(s, "  \"machine\": {},", json_str(machine));
-    let _ = writeln!(
-        s,
-        "  \"sizes\": {{\"reps\": {}, \"seq_mib\": {}, \"rand_mib\": {}, \"files\": {}, \
-         \"small_files\": {}, \"tree_files\": {}, \"tree_bytes\": {}, \"tree\": {}}},",
-        plan.reps,
-        plan.seq_mib,
-        plan.rand_mib,
-        plan.files,
-        plan.small_files,
-        tree.files,
-        tree.bytes,
-        json_str(&tree.label)
-    );
+    let _ = writeln!(s, "  \"sizes\": {},", sizes_json(plan, tree));
     s.push_str("  \"workloads\": [\n");
     let base = cols.iter().find(|c| c.name == "ext4");
     for (i, w) in WORKLOADS.iter().enumerate() {
@@ -1198,8 +1216,9 @@ const SCRATCH_MOUNTS: [&str; 7] = [
 ];
 
 fn main() {
-    // `cargo bench` passes `--bench`; the one filter is `sandbox` (only the sandbox beside a
-    // plain mount of its project).
+    // `cargo bench` passes `--bench`; the filters are `sandbox` (only the sandbox beside a
+    // plain mount of its project), `requests` (FUSE requests per workload), `replicate` and
+    // `replicate-lag`.
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--list") {
         return;
@@ -1239,6 +1258,19 @@ fn main() {
         tree.files,
         tree.bytes as f64 / MIB as f64
     );
+    if args.iter().skip(1).any(|a| a == "requests") {
+        let r = agentfs_binary(&manifest)
+            .and_then(|bin| requests::run_requests(&bin, &work, &results, &plan, &tree));
+        let _ = fs::remove_file(&tree.tar);
+        match r {
+            Ok(text) => println!("\n{text}"),
+            Err(e) => {
+                eprintln!("requests: failed: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     if args.iter().skip(1).any(|a| a == "replicate-lag") {
         let text = agentfs_binary(&manifest)
             .and_then(|bin| replica::run_lag(&bin, &work))
