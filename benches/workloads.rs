@@ -32,8 +32,10 @@
 //! * `tree_copy`: `cp -r` of a real source tree into the target; `git_add_commit`:
 //!   `git init && git add -A && git commit`; `git_status`; `find_stat`: `find . | xargs stat`;
 //!   `find_stat_cold` and `read_all_cold`: the same stat and a `cat` of every file, each after
-//!   `drop_caches` but without a remount (the kernel reclaimed its caches; a server's own stay).
-//!   All in files of the tree per second.
+//!   `drop_caches` but without a remount (the kernel reclaimed its caches; a server's own stay);
+//!   `untar`: `tar -xf` of an uncompressed tar of the same tree (made once per run in the
+//!   scratch space on the ext4 disk, never on a target) into a fresh directory; `rm_rf`:
+//!   `rm -rf` of that directory. All in files of the tree per second.
 //! * `rss_peak` / `rss_end` / `rss_idle`: the AgentFS server's resident set in MiB — the highest
 //!   of every server of the repetition (VmHWM, remounts included), at the end of its workloads,
 //!   and after 30 s without requests (the idle give-back, `AGENTFS_MEMORY_IDLE_MS`). Lower is
@@ -51,6 +53,11 @@
 //!
 //! Results: a markdown table on stdout, and JSON in `target/bench-results/workloads-<unix>.json`
 //! plus `target/bench-results/latest.json`.
+//!
+//! Requests (module `requests`; alone: `-- requests`): every workload once on an AgentFS mount
+//! with default knobs, counting the FUSE requests each sends with the kernel tracepoint
+//! `fuse:fuse_request_send` — a table of totals, requests per file (or per unit of the row) and
+//! the top opcodes, so a reader sees where the round trips go.
 //!
 //! The sandbox form (module `sandbox`) follows: the same workloads inside `agentfs exec` of a
 //! project beside a plain `agentfs mount` of its delta. `cargo bench --bench workloads --
@@ -75,6 +82,8 @@ mod overlay;
 mod passthrough_hp;
 #[path = "workloads/replica.rs"]
 mod replica;
+#[path = "workloads/requests.rs"]
+mod requests;
 #[path = "workloads/sandbox.rs"]
 mod sandbox;
 
@@ -614,6 +623,16 @@ const WORKLOADS: &[Workload] = &[
         what: "cat of every file of the tree after drop_caches",
     },
     Workload {
+        key: "untar",
+        unit: "files/s",
+        what: "tar -xf of the tree (an uncompressed tar on ext4) into a fresh directory",
+    },
+    Workload {
+        key: "rm_rf",
+        unit: "files/s",
+        what: "rm -rf of the unpacked tree",
+    },
+    Workload {
         key: "rss_peak",
         unit: "MiB",
         what: "AgentFS server: highest resident set over the repetition (every remount's server)",
@@ -634,10 +653,17 @@ const WORKLOADS: &[Workload] = &[
 /// taken.
 type Sample = (&'static str, f64, f64);
 
+/// Time one workload. Every timed section is one sample, pushed right after it (the requests
+/// mode counts each section's FUSE requests and pairs them with the samples in that order).
 fn timed<T>(f: impl FnOnce() -> Result<T, String>) -> Result<(T, f64), String> {
+    requests::section_start()?;
     let t = Instant::now();
-    let v = f()?;
-    Ok((v, t.elapsed().as_secs_f64()))
+    let v = f();
+    let secs = t.elapsed().as_secs_f64();
+    let counted = requests::section_end();
+    let v = v?;
+    counted?;
+    Ok((v, secs))
 }
 
 fn io<T>(r: std::io::Result<T>, what: &Path) -> Result<T, String> {
@@ -801,6 +827,8 @@ struct Tree {
     entries: Vec<PathBuf>,
     files: usize,
     bytes: u64,
+    /// An uncompressed tar of the entries, each under its own name as `cp -r` places it.
+    tar: PathBuf,
 }
 
 fn count_tree(p: &Path, files: &mut usize, bytes: &mut u64) {
@@ -816,7 +844,8 @@ fn count_tree(p: &Path, files: &mut usize, bytes: &mut u64) {
     }
 }
 
-fn find_tree(budget: usize) -> Result<Tree, String> {
+/// The tree of at most about `budget` files, and its tar written to `tar`.
+fn find_tree(budget: usize, tar: &Path) -> Result<Tree, String> {
     let sysroot = Command::new("rustc")
         .args(["--print", "sysroot"])
         .output()
@@ -857,6 +886,7 @@ fn find_tree(budget: usize) -> Result<Tree, String> {
         entries: Vec::new(),
         files: 0,
         bytes: 0,
+        tar: tar.to_path_buf(),
     };
     for c in candidates {
         if t.files >= budget {
@@ -868,6 +898,15 @@ fn find_tree(budget: usize) -> Result<Tree, String> {
     if t.files == 0 {
         return Err("no source tree found".into());
     }
+    let mut cmd = Command::new("tar");
+    cmd.arg("-cf").arg(tar);
+    for e in &t.entries {
+        let (Some(dir), Some(name)) = (e.parent(), e.file_name()) else {
+            return Err(format!("{}: not an entry of a directory", e.display()));
+        };
+        cmd.arg("-C").arg(dir).arg(name);
+    }
+    run(&mut cmd)?;
     Ok(t)
 }
 
@@ -915,6 +954,28 @@ fn source_tree(t: &mut Target, tree: &Tree, out: &mut Vec<Sample>) -> Result<(),
     t.kernel_cold();
     let (_, secs) = timed(|| sh("find . -type f -print0 | xargs -0 cat > /dev/null"))?;
     out.push(("read_all_cold", n / secs, secs));
+    untar_rm_rf(t, tree, out)
+}
+
+/// `tar -xf` of the tree's tar (on the ext4 scratch disk) into a fresh directory of the
+/// target, then `rm -rf` of that directory.
+fn untar_rm_rf(t: &Target, tree: &Tree, out: &mut Vec<Sample>) -> Result<(), String> {
+    let dir = t.root().join("untar");
+    io(fs::create_dir(&dir), &dir)?;
+    let n = tree.files as f64;
+    let (_, secs) = timed(|| {
+        run(Command::new("tar")
+            .arg("-xf")
+            .arg(&tree.tar)
+            .arg("-C")
+            .arg(&dir))
+    })?;
+    out.push(("untar", n / secs, secs));
+    let (_, secs) = timed(|| run(Command::new("rm").arg("-rf").arg(&dir)))?;
+    out.push(("rm_rf", n / secs, secs));
+    if dir.exists() {
+        return Err(format!("{}: still there after rm -rf", dir.display()));
+    }
     Ok(())
 }
 
@@ -1069,6 +1130,22 @@ fn json_str(s: &str) -> String {
     o
 }
 
+/// The sizes of a run as a JSON object.
+fn sizes_json(plan: &Plan, tree: &Tree) -> String {
+    format!(
+        "{{\"reps\": {}, \"seq_mib\": {}, \"rand_mib\": {}, \"files\": {}, \
+         \"small_files\": {}, \"tree_files\": {}, \"tree_bytes\": {}, \"tree\": {}}}",
+        plan.reps,
+        plan.seq_mib,
+        plan.rand_mib,
+        plan.files,
+        plan.small_files,
+        tree.files,
+        tree.bytes,
+        json_str(&tree.label)
+    )
+}
+
 fn json(
     cols: &[Column],
     plan: &Plan,
@@ -1083,19 +1160,7 @@ fn json(
     let _ = writeln!(s, "  \"quick\": {},", plan.quick);
     let _ = writeln!(s, "  \"wall_seconds\": {secs:.1},");
     let _ = writeln!(s, "  \"machine\": {},", json_str(machine));
-    let _ = writeln!(
-        s,
-        "  \"sizes\": {{\"reps\": {}, \"seq_mib\": {}, \"rand_mib\": {}, \"files\": {}, \
-         \"small_files\": {}, \"tree_files\": {}, \"tree_bytes\": {}, \"tree\": {}}},",
-        plan.reps,
-        plan.seq_mib,
-        plan.rand_mib,
-        plan.files,
-        plan.small_files,
-        tree.files,
-        tree.bytes,
-        json_str(&tree.label)
-    );
+    let _ = writeln!(s, "  \"sizes\": {},", sizes_json(plan, tree));
     s.push_str("  \"workloads\": [\n");
     let base = cols.iter().find(|c| c.name == "ext4");
     for (i, w) in WORKLOADS.iter().enumerate() {
@@ -1187,8 +1252,9 @@ const SCRATCH_MOUNTS: [&str; 8] = [
 ];
 
 fn main() {
-    // `cargo bench` passes `--bench`; the one filter is `sandbox` (only the sandbox beside a
-    // plain mount of its project).
+    // `cargo bench` passes `--bench`; the filters are `sandbox` (only the sandbox beside a
+    // plain mount of its project), `requests` (FUSE requests per workload), `replicate` and
+    // `replicate-lag`.
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--list") {
         return;
@@ -1219,7 +1285,8 @@ fn main() {
         }
     }
 
-    let tree = find_tree(plan.tree_files).unwrap_or_else(|e| panic!("source tree: {e}"));
+    let tree = find_tree(plan.tree_files, &work.join("tree.tar"))
+        .unwrap_or_else(|e| panic!("source tree: {e}"));
     eprintln!(
         "plan: {plan:?}\ntree: {} — {} entries, {} files, {:.1} MiB",
         tree.label,
@@ -1227,10 +1294,24 @@ fn main() {
         tree.files,
         tree.bytes as f64 / MIB as f64
     );
+    if args.iter().skip(1).any(|a| a == "requests") {
+        let r = agentfs_binary(&manifest)
+            .and_then(|bin| requests::run_requests(&bin, &work, &results, &plan, &tree));
+        let _ = fs::remove_file(&tree.tar);
+        match r {
+            Ok(text) => println!("\n{text}"),
+            Err(e) => {
+                eprintln!("requests: failed: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     if args.iter().skip(1).any(|a| a == "replicate-lag") {
         let text = agentfs_binary(&manifest)
             .and_then(|bin| replica::run_lag(&bin, &work))
             .unwrap_or_else(|e| format!("failed: {e}\n"));
+        let _ = fs::remove_file(&tree.tar);
         println!("\n{text}");
         return;
     }
@@ -1238,6 +1319,7 @@ fn main() {
         let table = agentfs_binary(&manifest)
             .and_then(|bin| replica::run_replica(&bin, &work, &plan, &tree))
             .unwrap_or_else(|e| format!("failed: {e}\n"));
+        let _ = fs::remove_file(&tree.tar);
         println!(
             "\nAgentFS workloads{}, without replication, replicating to a local S3 server and to a local directory — {}\n\n{table}",
             if plan.quick { " (quick)" } else { "" },
@@ -1249,6 +1331,7 @@ fn main() {
         let table = agentfs_binary(&manifest)
             .and_then(|bin| sandbox::run_sandbox(&bin, &work, &plan, &tree))
             .unwrap_or_else(|e| format!("failed: {e}\n"));
+        let _ = fs::remove_file(&tree.tar);
         println!(
             "\nAgentFS workloads{}, a sandbox on each backend beside a plain mount and native ext4 — {}\n\n{table}",
             if plan.quick { " (quick)" } else { "" },

@@ -12,8 +12,9 @@
 //!   `agentfs exec <project> --ro-bind HOST -- RUNNER`, working at the project's real path, as
 //!   the sandbox's unprivileged user.
 //!
-//! HOST holds the runner (a copy of this binary) and the source tree the copy workloads read,
-//! so every target reads the tree from the same ext4 directory. Caches are made cold the same
+//! HOST holds the runner (a copy of this binary), the source tree the copy workloads read and
+//! its tar (`tree.tar` beside `tree`, for `untar`), so every target reads the tree from the same
+//! ext4 directory. Caches are made cold the same
 //! way on all: the runner asks, the bench syncs and drops the kernel's caches (a sandbox cannot
 //! be remounted mid-run, so the mount is not remounted either; the server's SQLite cache stays
 //! warm). The runner prints one `S key value seconds` line per measurement; before it exits it
@@ -55,6 +56,7 @@ pub fn runner(args: &[String]) -> ! {
         entries,
         files: 0,
         bytes: 0,
+        tar: tree_dir.with_extension("tar"),
     };
     count_tree(&tree_dir, &mut tree.files, &mut tree.bytes);
     let mut t = Target {
@@ -183,6 +185,8 @@ pub fn run_sandbox(bin: &Path, work: &Path, plan: &Plan, tree: &Tree) -> Result<
         .arg("-r")
         .args(&tree.entries)
         .arg(host.join("tree")))?;
+    let tar = host.join("tree.tar");
+    io(fs::copy(&tree.tar, &tar), &tar)?;
     run(Command::new("chmod").args(["-R", "a+rX"]).arg(&dir))?;
     let af = |args: &[&str]| {
         let mut c = Command::new(bin);
