@@ -352,6 +352,42 @@ pub fn leaves_checkpoints(db: &Path) -> bool {
     crate::knobs::get().replica_leave_checkpoints && replicating(db).is_some()
 }
 
+/// [`leaves_checkpoints`] for a server's checkpointer, which asks on every commit while its
+/// WAL is long: the answer is kept for [`LEAVE_RECHECK`], since each fresh one reads every
+/// record of the registry. A replication started beside a live mount is therefore seen within
+/// that time; meanwhile only PASSIVE checkpoints run, which never restart the WAL under
+/// Litestream's read lock.
+pub struct CheckpointsLeft {
+    db: PathBuf,
+    last: parking_lot::Mutex<Option<(Instant, bool)>>,
+}
+
+/// How long [`CheckpointsLeft`] keeps an answer.
+const LEAVE_RECHECK: Duration = Duration::from_secs(1);
+
+impl CheckpointsLeft {
+    pub fn new(db: &Path) -> CheckpointsLeft {
+        CheckpointsLeft {
+            db: db.to_path_buf(),
+            last: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// Whether checkpoints of the database are Litestream's now (at most [`LEAVE_RECHECK`]
+    /// old).
+    pub fn get(&self) -> bool {
+        let mut last = self.last.lock();
+        match *last {
+            Some((at, leave)) if at.elapsed() < LEAVE_RECHECK => leave,
+            _ => {
+                let leave = leaves_checkpoints(&self.db);
+                *last = Some((Instant::now(), leave));
+                leave
+            }
+        }
+    }
+}
+
 /// Refuse an operation that would replace `db`'s file while it is replicated
 /// (`replicating`): Litestream would go on shipping a WAL that no longer belongs to the file.
 pub fn refuse_if_replicated(db: &Path, what: &str) -> Result<(), Error> {

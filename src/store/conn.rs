@@ -489,6 +489,8 @@ struct CkptShared {
     wake: Condvar,
     /// Held while the thread checkpoints.
     running: Mutex<()>,
+    /// Whether Litestream has the checkpoints now.
+    left: crate::replica::CheckpointsLeft,
 }
 
 impl Checkpointer {
@@ -503,6 +505,7 @@ impl Checkpointer {
             state: Mutex::new((false, false)),
             wake: Condvar::new(),
             running: Mutex::new(()),
+            left: crate::replica::CheckpointsLeft::new(db),
         });
         let (sh, path) = (shared.clone(), db.to_path_buf());
         let thread = match std::thread::Builder::new()
@@ -526,7 +529,7 @@ impl Checkpointer {
             shared: shared.clone(),
             thread: Some(thread),
         };
-        let (sh, cap, db) = (shared, pages.saturating_mul(4), db.to_path_buf());
+        let (sh, cap) = (shared, pages.saturating_mul(4));
         conn.wal_hook(Some(
             move |wal: &mut rusqlite::hooks::Wal, n: std::ffi::c_int| {
                 let n = u64::try_from(n).unwrap_or(0);
@@ -535,9 +538,7 @@ impl Checkpointer {
                     // once Litestream replicates the database (its WAL is Litestream's).
                     // Errors are not the commit's (it is done): the next commit tries again.
                     let running = sh.running.try_lock();
-                    if let Some(_running) =
-                        running.filter(|_| !crate::replica::leaves_checkpoints(&db))
-                    {
+                    if let Some(_running) = running.filter(|_| !sh.left.get()) {
                         if let Err(e) = wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE) {
                             tracing::warn!("WAL checkpoint at {n} pages failed: {e}");
                         }
@@ -581,7 +582,7 @@ fn checkpoint_loop(db: &Path, sh: &CkptShared) {
             }
             st.0 = false;
         }
-        if crate::replica::leaves_checkpoints(db) {
+        if sh.left.get() {
             continue;
         }
         if conn.is_none() {
