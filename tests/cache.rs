@@ -260,6 +260,56 @@ fn commits_that_leave_the_files_alone_keep_the_kernel_caches() {
     common::assert_consistent(&m.db);
 }
 
+/// A read-only mount watches on a connection of its own, where every commit is another
+/// process's: a change to the files shows, a commit to another table does not cost the
+/// kernel its caches.
+#[test]
+fn a_read_only_mount_sees_changes_to_the_files_only() {
+    if !fuse_or_skip("a_read_only_mount_sees_changes_to_the_files_only") {
+        return;
+    }
+    let mut m = Mounted::unmounted_with_env(&LONG_TTL);
+    let init = common::agentfs(&["init", m.db.to_str().unwrap()]);
+    assert!(init.status.success(), "agentfs init: {init:?}");
+    offline(&m.db, &["write", "/f"], b"old");
+    m.mount_with(&["-o", "ro"]);
+    let f = std::fs::File::open(m.path("f")).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 3);
+    assert_eq!(f.metadata().unwrap().len(), 3);
+    let before = served(&m);
+    let foreign = rusqlite::Connection::open(&m.db).unwrap();
+    foreign.busy_timeout(Duration::from_secs(10)).unwrap();
+    foreign
+        .execute_batch(
+            "CREATE TABLE IF NOT EXISTS _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER);",
+        )
+        .unwrap();
+    for n in 0..3 {
+        foreign
+            .execute(
+                "INSERT OR REPLACE INTO _litestream_seq (id, seq) VALUES (1, ?1)",
+                [n],
+            )
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    drop(foreign);
+    assert_eq!(f.metadata().unwrap().len(), 3);
+    let kept = served(&m) - before;
+    assert_eq!(
+        kept, 0,
+        "an fstat after commits to another table cost requests"
+    );
+    offline(&m.db, &["write", "/f"], b"new content");
+    let seen = eventually(|| f.metadata().map(|md| md.len()).ok() == Some(11));
+    assert!(
+        seen.is_some(),
+        "a read-only mount did not see a change to its files"
+    );
+    drop(f);
+    m.unmount();
+}
+
 /// Writers mutate their own files in one shared directory (truncate to a growing size,
 /// rename between two names, recreate, mkdir/rmdir) while readers stat and list everything
 /// without pause, filling the server caches with values that race the mutations. Kernel
