@@ -138,3 +138,115 @@ fn an_ordinary_user_mounts_through_fusermount3() {
     common::force_cleanup(&mnt);
     common::assert_consistent(&db);
 }
+
+/// An ordinary user's mount (fusermount3) watches for other processes' changes as root's does:
+/// commits to tables outside the filesystem (Litestream's own, while it replicates; `agentfs
+/// kv`) leave the kernel's caches alone, and a file written by `agentfs fs` is seen. Told by
+/// the server's log, which names each invalidation.
+#[test]
+fn an_ordinary_users_mount_invalidates_only_for_changes_to_its_files() {
+    let test = "an_ordinary_users_mount_invalidates_only_for_changes_to_its_files";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let bin = common::bin();
+    if Command::new("fusermount3").arg("-V").output().is_err() || !common::readable_by_all(&bin) {
+        assert!(
+            !agentfs::knobs::get().require_fuse,
+            "fusermount3 and a world-readable build tree are required"
+        );
+        eprintln!("SKIP: {test}: fusermount3 or a world-readable build tree missing");
+        return;
+    }
+    let _mode = common::DevFuseMode::open_up();
+    let dir = tempfile::tempdir_in(scratch_root()).unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    chown(dir.path(), Some(USER), Some(USER)).unwrap();
+    let db = dir.path().join("db.sqlite");
+    let mnt = dir.path().join("mnt");
+    let log = dir.path().join("server.log");
+    fs::create_dir(&mnt).unwrap();
+    chown(&mnt, Some(USER), Some(USER)).unwrap();
+    let bin_s = bin.to_str().unwrap();
+    let (db_s, mnt_s) = (db.to_str().unwrap(), mnt.to_str().unwrap());
+    assert!(as_user(bin_s, &["init", db_s]).status.success());
+    let mut server = Command::new(&bin)
+        .args(["mount", db_s, mnt_s, "-f"])
+        .env("AGENTFS_LOG", "info")
+        .env("AGENTFS_EXTERNAL_POLL_MS", "100")
+        .env_remove("XDG_RUNTIME_DIR")
+        .stderr(fs::File::create(&log).unwrap())
+        .uid(USER)
+        .gid(USER)
+        .spawn()
+        .unwrap();
+    let _cleanup = UnmountOnDrop(mnt.clone());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !common::is_mounted(&mnt) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the user's mount did not appear"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let invalidations = || {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("database changed by another process")
+            .count()
+    };
+    // Files through the mount, then another process of the same user commits to tables that
+    // are not the filesystem's, a poll interval apart.
+    let script = format!(
+        "import os, sqlite3, time
+for i in range(20):
+    with open('{mnt_s}/f%d' % i, 'w') as f: f.write('x')
+c = sqlite3.connect('{db_s}', timeout=10)
+c.execute('CREATE TABLE IF NOT EXISTS _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER)')
+c.commit()
+for n in range(5):
+    c.execute('INSERT OR REPLACE INTO _litestream_seq (id, seq) VALUES (1, ?)', (n,))
+    c.commit()
+    time.sleep(0.4)
+"
+    );
+    let out = as_user("python3", &["-c", &script]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(as_user(bin_s, &["kv", db_s, "set", "k", "1"])
+        .status
+        .success());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(
+        invalidations(),
+        0,
+        "commits to other tables made the server invalidate: {}",
+        fs::read_to_string(&log).unwrap_or_default()
+    );
+    // The control: a change to the files is seen and invalidates.
+    let write = format!("printf new | {bin_s} fs {db_s} write /f0");
+    assert!(as_user("sh", &["-c", &write]).status.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let read = as_user("cat", &[mnt.join("f0").to_str().unwrap()]);
+        if read.stdout == b"new" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the user's mount did not see a change by `agentfs fs`"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        invalidations() >= 1,
+        "a change to the files invalidated nothing"
+    );
+    assert!(as_user(bin_s, &["umount", mnt_s]).status.success());
+    assert!(server.wait().unwrap().success(), "the user's server failed");
+    common::force_cleanup(&mnt);
+    common::assert_consistent(&db);
+}
