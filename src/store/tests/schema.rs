@@ -322,3 +322,43 @@ fn checkpoint_truncates_wal() {
     let s = Store::open(&copy, true).unwrap();
     assert_eq!(s.read(f, 0, 200_000).unwrap(), pattern(100_000, 1));
 }
+
+#[test]
+fn a_writable_open_adds_the_change_counter_that_a_database_lacks() {
+    // A database made before the counter: no fs_change, none of its triggers.
+    let (_d, p) = variant("");
+    let c = rusqlite::Connection::open(&p).unwrap();
+    let names = |c: &rusqlite::Connection| -> Vec<String> {
+        let mut st = c
+            .prepare("SELECT name FROM sqlite_master WHERE name LIKE 'fs\\_change%' ESCAPE '\\'")
+            .unwrap();
+        let v = st.query_map([], |r| r.get(0)).unwrap();
+        v.collect::<Result<_, _>>().unwrap()
+    };
+    let made = names(&c);
+    assert_eq!(made.len(), 28, "{made:?}");
+    for n in &made {
+        let kind = if n == "fs_change" { "TABLE" } else { "TRIGGER" };
+        c.execute_batch(&format!("DROP {kind} {n}")).unwrap();
+    }
+    assert_eq!(crate::store::change_seq(&c).unwrap(), None);
+    drop(c);
+    // A read-only open leaves it as it is.
+    drop(Store::open(&p, true).unwrap());
+    let c = rusqlite::Connection::open(&p).unwrap();
+    assert!(names(&c).is_empty());
+    drop(c);
+    let s = Store::open(&p, false).unwrap();
+    let c = rusqlite::Connection::open(&p).unwrap();
+    assert_eq!(names(&c).len(), 28);
+    let before = crate::store::change_seq(&c).unwrap();
+    s.mknod(Ino::ROOT, b"f", libc::S_IFREG | 0o600, 0, ME)
+        .unwrap();
+    s.sync().unwrap();
+    let after = crate::store::change_seq(&c).unwrap();
+    assert!(after > before, "{before:?} -> {after:?}");
+    // A commit to a table outside the filesystem leaves it alone.
+    c.execute_batch("CREATE TABLE _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER); INSERT INTO _litestream_seq VALUES (1, 1); INSERT INTO kv_store (key, value) VALUES ('k', '1');")
+        .unwrap();
+    assert_eq!(crate::store::change_seq(&c).unwrap(), after);
+}
