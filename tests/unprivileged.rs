@@ -23,29 +23,41 @@ fn as_user(program: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
-#[test]
-fn an_ordinary_user_mounts_through_fusermount3() {
-    if !fuse_or_skip("an_ordinary_user_mounts_through_fusermount3") {
-        return;
+/// What both tests need: fusermount3 and a build tree other users can reach (a skip, or a
+/// failure under AGENTFS_REQUIRE_FUSE, without them), /dev/fuse opened up while they run,
+/// and a scratch directory owned by the user with `db.sqlite` and an empty `mnt/` in it.
+struct UserScratch {
+    _mode: common::DevFuseMode,
+    dir: tempfile::TempDir,
+    db: std::path::PathBuf,
+    mnt: std::path::PathBuf,
+}
+
+fn user_scratch(test: &str) -> Option<UserScratch> {
+    if !fuse_or_skip(test) {
+        return None;
     }
     if Command::new("fusermount3").arg("-V").output().is_err() {
         assert!(
             !agentfs::knobs::get().require_fuse,
             "fusermount3 is required (validation/install-deps.sh)"
         );
-        eprintln!("SKIP: fusermount3 not installed");
-        return;
+        eprintln!("SKIP: {test}: fusermount3 not installed");
+        return None;
     }
     let bin = common::bin();
     if !common::readable_by_all(&bin) {
-        eprintln!("SKIP: {} is not reachable by other users", bin.display());
+        eprintln!(
+            "SKIP: {test}: {} is not reachable by other users",
+            bin.display()
+        );
         assert!(
             !agentfs::knobs::get().require_fuse,
             "the build tree must be world-readable"
         );
-        return;
+        return None;
     }
-    let _mode = common::DevFuseMode::open_up();
+    let mode = common::DevFuseMode::open_up();
     let dir = tempfile::tempdir_in(scratch_root()).unwrap();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     chown(dir.path(), Some(USER), Some(USER)).unwrap();
@@ -53,6 +65,26 @@ fn an_ordinary_user_mounts_through_fusermount3() {
     let mnt = dir.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
     chown(&mnt, Some(USER), Some(USER)).unwrap();
+    Some(UserScratch {
+        _mode: mode,
+        dir,
+        db,
+        mnt,
+    })
+}
+
+#[test]
+fn an_ordinary_user_mounts_through_fusermount3() {
+    let Some(UserScratch {
+        db,
+        mnt,
+        _mode,
+        dir: _dir,
+    }) = user_scratch("an_ordinary_user_mounts_through_fusermount3")
+    else {
+        return;
+    };
+    let bin = common::bin();
     let bin_s = bin.to_str().unwrap();
     let (db_s, mnt_s) = (db.to_str().unwrap(), mnt.to_str().unwrap());
 
@@ -145,28 +177,17 @@ fn an_ordinary_user_mounts_through_fusermount3() {
 /// the server's log, which names each invalidation.
 #[test]
 fn an_ordinary_users_mount_invalidates_only_for_changes_to_its_files() {
-    let test = "an_ordinary_users_mount_invalidates_only_for_changes_to_its_files";
-    if !fuse_or_skip(test) {
+    let Some(UserScratch {
+        db,
+        mnt,
+        dir,
+        _mode,
+    }) = user_scratch("an_ordinary_users_mount_invalidates_only_for_changes_to_its_files")
+    else {
         return;
-    }
+    };
     let bin = common::bin();
-    if Command::new("fusermount3").arg("-V").output().is_err() || !common::readable_by_all(&bin) {
-        assert!(
-            !agentfs::knobs::get().require_fuse,
-            "fusermount3 and a world-readable build tree are required"
-        );
-        eprintln!("SKIP: {test}: fusermount3 or a world-readable build tree missing");
-        return;
-    }
-    let _mode = common::DevFuseMode::open_up();
-    let dir = tempfile::tempdir_in(scratch_root()).unwrap();
-    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    chown(dir.path(), Some(USER), Some(USER)).unwrap();
-    let db = dir.path().join("db.sqlite");
-    let mnt = dir.path().join("mnt");
     let log = dir.path().join("server.log");
-    fs::create_dir(&mnt).unwrap();
-    chown(&mnt, Some(USER), Some(USER)).unwrap();
     let bin_s = bin.to_str().unwrap();
     let (db_s, mnt_s) = (db.to_str().unwrap(), mnt.to_str().unwrap());
     assert!(as_user(bin_s, &["init", db_s]).status.success());
