@@ -216,6 +216,20 @@ impl Rng {
 /// The highest resident set of any AgentFS server of the current repetition, in KiB.
 static PEAK_RSS_KIB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Start a FUSE server as our child, no stdin, its stdout and stderr appended to `log`.
+fn spawn_logged(cmd: &mut Command, log: &Path) -> Result<Child, String> {
+    let logf = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    cmd.stdin(Stdio::null())
+        .stdout(logf.try_clone().map_err(|e| e.to_string())?)
+        .stderr(logf)
+        .spawn()
+        .map_err(|e| format!("spawn {:?}: {e}", cmd.get_program()))
+}
+
 /// Wait until a FUSE server we started (`child`, named `what`) has mounted `mnt`; if it exits
 /// first, the error carries its log.
 fn wait_mounted(
@@ -293,23 +307,13 @@ impl AgentFsMount {
         env: &[(String, String)],
         replicate: Option<&str>,
     ) -> Result<AgentFsMount, String> {
-        let logf = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .map_err(|e| format!("{}: {e}", log.display()))?;
         let mut cmd = Command::new(bin);
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
         cmd.arg("mount").arg(db).arg(mnt).arg("-f");
         if let Some(url) = replicate {
             replica::apply_env(cmd.arg("--replicate").arg(url));
         }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone().map_err(|e| e.to_string())?)
-            .stderr(logf)
-            .spawn()
-            .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
+        let child = spawn_logged(&mut cmd, log)?;
         let mut m = AgentFsMount {
             bin: bin.to_path_buf(),
             db: db.to_path_buf(),

@@ -174,8 +174,30 @@ fn external_changes_are_missed_without_the_watcher() {
 
 /// Requests the server answered (both transports), once its counters settled.
 fn served(m: &Mounted) -> u64 {
-    let rec = common::settled_record(m.server_pid());
-    rec.ring_requests + rec.devfuse_requests
+    common::served(m.server_pid())
+}
+
+/// `times` commits by another connection to tables that are not the filesystem's (those
+/// Litestream keeps in a database it replicates), each followed by a few poll intervals.
+fn commit_elsewhere(db: &Path, times: u32) {
+    let foreign = rusqlite::Connection::open(db).unwrap();
+    foreign.busy_timeout(Duration::from_secs(10)).unwrap();
+    foreign
+        .execute_batch(
+            "CREATE TABLE IF NOT EXISTS _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER);
+             CREATE TABLE IF NOT EXISTS _litestream_lock (id INTEGER);",
+        )
+        .unwrap();
+    for n in 0..times {
+        foreign
+            .execute(
+                "INSERT INTO _litestream_seq (id, seq) VALUES (1, ?1)
+                 ON CONFLICT(id) DO UPDATE SET seq = excluded.seq",
+                [n],
+            )
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+    }
 }
 
 /// Commits by another process that leave the filesystem's tables alone (what Litestream writes
@@ -206,29 +228,9 @@ fn commits_that_leave_the_files_alone_keep_the_kernel_caches() {
     };
     look(0);
     look(0);
-    // Polls of AGENTFS_EXTERNAL_POLL_MS=100 see each commit.
-    let polls = || std::thread::sleep(Duration::from_millis(400));
 
     let before = served(&m);
-    let foreign = rusqlite::Connection::open(&m.db).unwrap();
-    foreign.busy_timeout(Duration::from_secs(10)).unwrap();
-    foreign
-        .execute_batch(
-            "CREATE TABLE IF NOT EXISTS _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER);
-             CREATE TABLE IF NOT EXISTS _litestream_lock (id INTEGER);",
-        )
-        .unwrap();
-    for n in 0..5 {
-        foreign
-            .execute(
-                "INSERT INTO _litestream_seq (id, seq) VALUES (1, ?1)
-                 ON CONFLICT(id) DO UPDATE SET seq = excluded.seq",
-                [n],
-            )
-            .unwrap();
-        polls();
-    }
-    drop(foreign);
+    commit_elsewhere(&m.db, 5);
     let kv = Command::new(common::bin())
         .arg("kv")
         .arg(&m.db)
@@ -236,7 +238,8 @@ fn commits_that_leave_the_files_alone_keep_the_kernel_caches() {
         .output()
         .unwrap();
     assert!(kv.status.success(), "agentfs kv set: {kv:?}");
-    polls();
+    // Polls of AGENTFS_EXTERNAL_POLL_MS=100 see it.
+    std::thread::sleep(Duration::from_millis(400));
     look(0);
     let kept = served(&m) - before;
     assert!(
@@ -277,23 +280,7 @@ fn a_read_only_mount_sees_changes_to_the_files_only() {
     assert_eq!(f.metadata().unwrap().len(), 3);
     assert_eq!(f.metadata().unwrap().len(), 3);
     let before = served(&m);
-    let foreign = rusqlite::Connection::open(&m.db).unwrap();
-    foreign.busy_timeout(Duration::from_secs(10)).unwrap();
-    foreign
-        .execute_batch(
-            "CREATE TABLE IF NOT EXISTS _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER);",
-        )
-        .unwrap();
-    for n in 0..3 {
-        foreign
-            .execute(
-                "INSERT OR REPLACE INTO _litestream_seq (id, seq) VALUES (1, ?1)",
-                [n],
-            )
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(400));
-    }
-    drop(foreign);
+    commit_elsewhere(&m.db, 3);
     assert_eq!(f.metadata().unwrap().len(), 3);
     let kept = served(&m) - before;
     assert_eq!(

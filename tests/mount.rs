@@ -350,12 +350,6 @@ fn access_acls_set_the_mode() {
     assert_eq!(n as usize, acl.len(), "an extended ACL is kept");
 }
 
-/// Requests the server `pid` has served so far, on both transports, once the count settled.
-fn served(pid: u32) -> u64 {
-    let rec = common::settled_record(pid);
-    rec.ring_requests + rec.devfuse_requests
-}
-
 /// 2,000 write(2)s of 4 KiB into one file, then fsync.
 fn small_writes(path: &std::path::Path) {
     let mut f = fs::File::create(path).unwrap();
@@ -382,9 +376,9 @@ fn small_writes_cost_no_request_each() {
             ("AGENTFS_FUSE_WRITEBACK_CACHE", "1"),
         ]);
         let pid = m.server_pid();
-        let before = served(pid);
+        let before = common::served(pid);
         small_writes(&m.path("f"));
-        let spent = served(pid) - before;
+        let spent = common::served(pid) - before;
         assert!(
             bound.contains(&spent),
             "AGENTFS_FUSE_KILLPRIV_V2={killpriv}: 2,000 writes cost {spent} requests"
@@ -412,11 +406,11 @@ fn stat_after_create_costs_no_request_per_file_by_default() {
             fs::File::create(dir.join(format!("f{i}"))).unwrap();
         }
         let pid = m.server_pid();
-        let before = served(pid);
+        let before = common::served(pid);
         for i in 0..200 {
             assert_eq!(fs::metadata(dir.join(format!("f{i}"))).unwrap().len(), 0);
         }
-        let spent = served(pid) - before;
+        let spent = common::served(pid) - before;
         assert!(
             bound.contains(&spent),
             "AGENTFS_FUSE_WRITEBACK_CACHE={cache}: 200 stats after create cost {spent} requests"
@@ -443,11 +437,11 @@ fn the_kernel_caches_listings_of_unchanged_directories() {
         let list = || fs::read_dir(&dir).unwrap().count();
         assert_eq!(list(), 10);
         let pid = m.server_pid();
-        let before = served(pid);
+        let before = common::served(pid);
         for _ in 0..10 {
             assert_eq!(list(), 10);
         }
-        let spent = served(pid) - before;
+        let spent = common::served(pid) - before;
         assert!(
             bound.contains(&spent),
             "AGENTFS_FUSE_NOOPENDIR={knob}: ten listings cost {spent} requests"
@@ -499,13 +493,13 @@ fn sequential_reads_come_in_large_requests() {
         let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         assert_eq!(rc, 0);
         drop(f);
-        let before = served(pid);
+        let before = common::served(pid);
         let mut back = Vec::new();
         fs::File::open(m.path("big"))
             .unwrap()
             .read_to_end(&mut back)
             .unwrap();
-        let spent = served(pid) - before;
+        let spent = common::served(pid) - before;
         assert!(back == data, "content read back");
         assert!(
             bound.contains(&spent),

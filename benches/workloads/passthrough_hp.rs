@@ -150,20 +150,7 @@ struct PthpMount {
 
 impl PthpMount {
     fn start(bin: &Path, src: &Path, mnt: &Path, log: &Path) -> Result<PthpMount, String> {
-        let logf = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .map_err(|e| format!("{}: {e}", log.display()))?;
-        let child = Command::new(bin)
-            .arg("--foreground")
-            .arg(src)
-            .arg(mnt)
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone().map_err(|e| e.to_string())?)
-            .stderr(logf)
-            .spawn()
-            .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
+        let child = spawn_logged(Command::new(bin).arg("--foreground").arg(src).arg(mnt), log)?;
         let mut m = PthpMount {
             mnt: mnt.to_path_buf(),
             child: Some(child),

@@ -224,9 +224,7 @@ impl Activity {
         let Some(c) = &self.conn else { return 0 };
         match crate::store::change_seq(c) {
             Ok(Some(seq)) => seq,
-            _ => c
-                .query_row("PRAGMA data_version", [], |r| r.get(0))
-                .unwrap_or(0),
+            _ => crate::store::data_version(c).unwrap_or(0),
         }
     }
 }

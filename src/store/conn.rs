@@ -307,15 +307,21 @@ impl Writer {
     /// moved it since our last commit, that is a foreign change.
     fn begin(&mut self) -> Result<(), Errno> {
         begin_immediate(&self.conn)?;
+        self.foreign_seq |= self.counter_moved();
+        Ok(())
+    }
+
+    /// Whether the committed change counter is not where our own commits left it (or cannot
+    /// be read); it becomes the new reference. Outside a transaction of ours, or at its start.
+    fn counter_moved(&mut self) -> bool {
         match super::schema::change_seq(&self.conn) {
             Ok(Some(seq)) => {
-                self.foreign_seq |= self.own_seq.is_some_and(|own| own != seq);
+                let moved = self.own_seq.is_some_and(|own| own != seq);
                 self.own_seq = Some(seq);
+                moved
             }
-            Ok(None) => {}
-            Err(_) => self.foreign_seq = true,
+            Ok(None) | Err(_) => true,
         }
-        Ok(())
     }
 
     /// COMMIT the open transaction (failing with the injected fault, if any), remembering the
@@ -337,19 +343,11 @@ impl Writer {
     /// (Litestream's bookkeeping, `agentfs kv`) are not changes. Without a counter every
     /// call answers yes. The first call sets the baseline.
     pub fn foreign_change(&mut self) -> bool {
-        let mut foreign = std::mem::take(&mut self.foreign_seq);
+        let foreign = std::mem::take(&mut self.foreign_seq);
         // With a transaction of ours open nobody else can have committed since it began, and
         // `begin` compared the counter then.
-        if self.conn.is_autocommit() {
-            match super::schema::change_seq(&self.conn) {
-                Ok(Some(seq)) => {
-                    foreign |= self.own_seq.is_some_and(|own| own != seq);
-                    self.own_seq = Some(seq);
-                }
-                Ok(None) | Err(_) => foreign = true,
-            }
-        }
-        foreign
+        let moved = self.conn.is_autocommit() && self.counter_moved();
+        foreign || moved
     }
 
     /// A transaction committed: it is not durable until a barrier or the durability window.
@@ -402,9 +400,7 @@ impl Writer {
     /// time.
     pub fn sync(&mut self) -> Result<(), Errno> {
         let committed = self.commit();
-        let version: i64 = self
-            .conn
-            .query_row("PRAGMA data_version", [], |r| r.get(0))?;
+        let version = data_version(&self.conn)?;
         if self.dirty || self.synced_version != Some(version) {
             self.sync_committed()?;
             self.synced_version = Some(version);
@@ -762,6 +758,11 @@ fn begin_immediate(conn: &Connection) -> rusqlite::Result<()> {
             r => return r,
         }
     }
+}
+
+/// `PRAGMA data_version` of `c`: it moves with every commit another connection makes.
+pub fn data_version(c: &Connection) -> rusqlite::Result<i64> {
+    c.query_row("PRAGMA data_version", [], |r| r.get(0))
 }
 
 /// `<db>-wal`, the name SQLite gives the write-ahead log.

@@ -49,7 +49,7 @@ pub mod upper;
 mod xattr;
 
 pub use check::{Finding, QuickCheck};
-pub use conn::NamespaceBatch;
+pub use conn::{data_version, NamespaceBatch};
 pub use failure::Failure;
 pub use namespace::NewKind;
 pub use overlay::Effects;
@@ -877,37 +877,30 @@ impl Store {
     pub fn external_change(&self) -> Result<Option<Vec<ChangedName>>, Errno> {
         let mut watch = self.watch.lock();
         let watch = &mut *watch;
-        let data_version = |c: &rusqlite::Connection| -> Result<i64, Errno> {
-            Ok(c.query_row("PRAGMA data_version", [], |r| r.get(0))?)
-        };
+        let first = watch.version.is_none();
         let changed = match &self.writer {
             Some(w) => {
                 let mut w = w.lock();
-                let version = data_version(w.conn())?;
-                let last = watch.version.replace(version);
-                // Asked at the baseline too: its first call sets the counter's baseline.
-                let foreign = last != Some(version) && w.foreign_change();
-                foreign && last.is_some()
+                let version = conn::data_version(w.conn())?;
+                // Asked at the baseline too: its first call sets the counter's reference.
+                watch.version.replace(version) != Some(version) && w.foreign_change()
             }
             None => {
                 let c = match &mut watch.conn {
                     Some(c) => c,
                     None => watch.conn.insert(conn::open(&self.path, true)?),
                 };
-                let version = data_version(c)?;
-                let last = watch.version.replace(version);
-                if last != Some(version) {
-                    // Every commit is another process's here; only those that moved the
-                    // counter changed the filesystem (no counter: all of them may have).
+                let version = conn::data_version(c)?;
+                // Every commit is another process's here; only those that moved the counter
+                // changed the filesystem (no counter: all of them may have).
+                watch.version.replace(version) != Some(version) && {
                     let seq = schema::change_seq(c)?;
                     let before = std::mem::replace(&mut watch.seq, seq);
-                    last.is_some() && (seq.is_none() || seq != before)
-                } else {
-                    false
+                    seq.is_none() || seq != before
                 }
             }
         };
-        if !changed {
+        if first || !changed {
             return Ok(None);
         }
         let names = self.caches.cached_names();

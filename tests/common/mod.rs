@@ -364,6 +364,12 @@ pub fn python(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// Requests the server `pid` has served so far, on both transports, once the count settled.
+pub fn served(pid: u32) -> u64 {
+    let rec = settled_record(pid);
+    rec.ring_requests + rec.devfuse_requests
+}
+
 /// The status record of server `pid`, once its counters have settled: read until two readings
 /// 0.6 s apart agree (the record is rewritten every half second, so one rewrite lies between).
 /// The server writes its first record once INIT is answered, just after the mount appears.
