@@ -47,8 +47,10 @@ knob_table! {
         "Most SQLite page cache of one connection, in KiB; all connections together stay within SQLite's quarter of AGENTFS_MEMORY_BUDGET_MIB, which also caps each one.";
     sqlite_busy_timeout_ms: U64 = 5000, [0, 600000], Policy, "AGENTFS_SQLITE_BUSY_TIMEOUT_MS",
         "How long a connection waits for a lock held by another process (e.g. an offline `agentfs fs` write).";
-    wal_checkpoint_pages: U64 = 1000, [0, 1000000], Policy, "AGENTFS_WAL_CHECKPOINT_PAGES",
-        "WAL pages (4 KiB each) after which a thread of the server folds the WAL into the database (a PASSIVE checkpoint on its own connection), off the commit path; at 4 times as many the committing writer checkpoints itself (the WAL starts over only after a checkpoint that finished before a write began, so this bounds it). 0 = SQLite's own checkpoint at 1000 pages, on the commit path. A replicated database's checkpoints are Litestream's (AGENTFS_REPLICA_LEAVE_CHECKPOINTS).";
+    wal_checkpoint_pages: U64 = 16000, [0, 1000000], Policy, "AGENTFS_WAL_CHECKPOINT_PAGES",
+        "WAL pages (4 KiB each) after which a thread of the server folds the WAL into the database (a PASSIVE checkpoint on its own connection), off the commit path; at 4 times as many the committing writer checkpoints itself (the WAL starts over only after a checkpoint that finished before a write began, so this bounds it: 64 MiB and 256 MiB by default). 0 = SQLite's own checkpoint at 1000 pages, on the commit path. Why 16000: a 256 MiB write + fsync ran 1.7x faster than at 1000 (every fourth MiB no longer stalls the writer in a checkpoint), measured side by side in kernel-notes/profiling.md. A replicated database's checkpoints are Litestream's (AGENTFS_REPLICA_LEAVE_CHECKPOINTS).";
+    wal_writeback_kib: U64 = 4096, [0, 1048576], Policy, "AGENTFS_WAL_WRITEBACK_KIB",
+        "Each time the WAL has grown by this many KiB, the checkpoint thread starts the disk writes of its new pages without waiting (sync_file_range), so the barrier's fdatasync after a long write finds little left to write (0 = the pages wait for the barrier or the checkpoint). Needs the checkpoint thread (AGENTFS_WAL_CHECKPOINT_PAGES > 0).";
     batch: Bool = true, [0, 1], KillSwitch, "AGENTFS_BATCH",
         "Batch writes: acknowledge from memory, commit many inodes per transaction (0 = one SQLite transaction per WRITE).";
     batch_window_ms: U64 = 5, [0, 3600000], Policy, "AGENTFS_BATCH_WINDOW_MS",

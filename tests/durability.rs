@@ -77,7 +77,8 @@ fn fsync_dir(dir: &Path) {
 }
 
 /// A mount whose server runs under strace with the knobs `env` (NAME=VALUE), logging its
-/// fdatasync and fsync calls with the file each names (-y); None (a skip) without strace.
+/// fdatasync, fsync and sync_file_range calls with the file each names (-y); None (a skip)
+/// without strace.
 fn traced(env: &[&str]) -> Option<(Mounted, tempfile::TempDir, PathBuf)> {
     if Command::new("strace").arg("-V").output().is_err() {
         assert!(
@@ -98,7 +99,7 @@ fn traced(env: &[&str]) -> Option<(Mounted, tempfile::TempDir, PathBuf)> {
         "-qq",
         "-y",
         "-e",
-        "trace=fdatasync,fsync",
+        "trace=fdatasync,fsync,sync_file_range",
         "-o",
         &log_s,
     ]);
@@ -107,11 +108,76 @@ fn traced(env: &[&str]) -> Option<(Mounted, tempfile::TempDir, PathBuf)> {
 
 /// fdatasync calls on the database's -wal file in a strace log.
 fn wal_syncs(log: &Path) -> usize {
+    wal_calls(log, "fdatasync")
+}
+
+/// Calls of `syscall` on the database's -wal file in a strace log.
+fn wal_calls(log: &Path, syscall: &str) -> usize {
+    let call = format!(" {syscall}(");
     fs::read_to_string(log)
         .unwrap_or_default()
         .lines()
-        .filter(|l| l.contains(" fdatasync(") && l.contains("-wal>"))
+        .filter(|l| l.contains(&call) && l.contains("-wal>"))
         .count()
+}
+
+/// A long write's WAL frames are started for the disk as the WAL grows
+/// (`AGENTFS_WAL_WRITEBACK_KIB`): sync_file_range on the -wal, never an fdatasync, which stays
+/// the barrier's. With the knob at 0 there is none.
+#[test]
+fn a_long_write_starts_the_wals_disk_writes_before_any_barrier() {
+    if !fuse_or_skip("a_long_write_starts_the_wals_disk_writes_before_any_barrier") {
+        return;
+    }
+    for (every_kib, expect) in [("1024", true), ("0", false)] {
+        // No durability window: nothing but a barrier may sync.
+        let knob = format!("AGENTFS_WAL_WRITEBACK_KIB={every_kib}");
+        let Some((mut m, _log_dir, log)) = traced(&["AGENTFS_DURABILITY_WINDOW_MS=0", &knob])
+        else {
+            return;
+        };
+        let synced = wal_syncs(&log);
+        let data = pattern(16 << 20, 3);
+        let mut f = fs::File::create(m.path("long")).unwrap();
+        f.write_all(&data).unwrap();
+        // The 16 MiB are committed in a few transactions (each may start one writeback) within
+        // the batch window; the writebacks follow at once.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while expect && wal_calls(&log, "sync_file_range") < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !expect {
+            std::thread::sleep(Duration::from_millis(1000));
+        }
+        let started = wal_calls(&log, "sync_file_range");
+        if expect {
+            assert!(
+                started >= 2,
+                "16 MiB written, {started} writeback starts of the WAL"
+            );
+        } else {
+            assert_eq!(
+                started, 0,
+                "writeback started with AGENTFS_WAL_WRITEBACK_KIB=0"
+            );
+        }
+        assert_eq!(
+            wal_syncs(&log),
+            synced,
+            "a writeback start was an fdatasync"
+        );
+        // The barrier is still one.
+        f.sync_all().unwrap();
+        assert!(
+            wal_syncs(&log) > synced,
+            "fsync made no fdatasync of the WAL"
+        );
+        drop(f);
+        m.unmount();
+        m.mount();
+        assert_eq!(fs::read(m.path("long")).unwrap(), data);
+        m.unmount();
+    }
 }
 
 #[test]

@@ -169,6 +169,42 @@ fn full_disk_answers_enospc_and_never_undoes_an_acknowledged_operation() {
     common::assert_consistent(&d.m.db);
 }
 
+/// With little space left (below `AGENTFS_SPACE_LOW_MIB`) the WAL is checkpointed at SQLite's
+/// own 1,000 pages, not at `AGENTFS_WAL_CHECKPOINT_PAGES` (16,000 by default, more than this
+/// disk holds): it stays near 4 times that bound while 20 MiB are written, and everything reads
+/// back after a remount.
+#[test]
+fn with_little_space_left_the_wal_stays_short() {
+    let test = "with_little_space_left_the_wal_stays_short";
+    if !fuse_or_skip(test) || !common::fuse_only(test, "what a full disk does to `agentfs mount`") {
+        return;
+    }
+    let mut d = SmallDisk::new(48, &[]);
+    let wal = PathBuf::from(format!("{}-wal", d.m.db.display()));
+    let mut most = 0;
+    let mut expect = Vec::new();
+    for i in 0..20u32 {
+        let data: Vec<u8> = (0..1u32 << 20).map(|b| ((b ^ i) % 251) as u8).collect();
+        write_file(&d.m.path(&format!("f{i}")), &data).unwrap();
+        expect.push(data);
+        most = most.max(fs::metadata(&wal).map_or(0, |md| md.len()));
+    }
+    // 4,000 pages of 4 KiB and a 24-byte header each, plus what commits while a checkpoint
+    // runs (a file's transaction is under 300 pages).
+    let bound = (4 * 1000 + 3 * 300) * (4096 + 24);
+    assert!(
+        most <= bound,
+        "the WAL reached {most} bytes on a nearly full disk"
+    );
+    d.m.unmount();
+    d.m.mount();
+    for (i, data) in expect.iter().enumerate() {
+        assert_eq!(&fs::read(d.m.path(&format!("f{i}"))).unwrap(), data, "f{i}");
+    }
+    d.m.unmount();
+    common::assert_consistent(&d.m.db);
+}
+
 #[test]
 fn full_disk_data_writes_fail_where_they_happen() {
     let test = "full_disk_data_writes_fail_where_they_happen";

@@ -147,11 +147,12 @@ impl Writer {
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         // A replicated database's WAL is Litestream's to checkpoint (src/replica.rs).
         let mut conn = conn;
+        let space_low = Arc::new(AtomicBool::new(false));
         let checkpointer = if crate::replica::leaves_checkpoints(path) {
             conn.pragma_update(None, "wal_autocheckpoint", 0)?;
             None
         } else if k.wal_checkpoint_pages > 0 {
-            Checkpointer::start(&mut conn, path, k.wal_checkpoint_pages)?
+            Checkpointer::start(&mut conn, path, k.wal_checkpoint_pages, space_low.clone())?
         } else {
             None
         };
@@ -173,7 +174,7 @@ impl Writer {
             foreign_seq: false,
             failure,
             on_lost: None,
-            space_low: Arc::new(AtomicBool::new(false)),
+            space_low,
             shutdown: false,
         })
     }
@@ -474,14 +475,32 @@ fn fdatasync(db: &Path, known: Option<FileId>) -> Result<Option<FileId>, Errno> 
 /// itself (as SQLite would, but over the little the thread left), so the WAL stays bounded.
 /// Durability is unchanged: a commit is durable by the WAL's sync at a barrier, whoever
 /// copies it into the database later.
+///
+/// The same thread starts the disk writes of the WAL's new frames every
+/// `AGENTFS_WAL_WRITEBACK_KIB` of them (sync_file_range, without waiting), so a long write's
+/// frames reach the disk while the writer goes on and the barrier's sync, or the checkpoint's,
+/// finds little left to write.
 struct Checkpointer {
     shared: Arc<CkptShared>,
     thread: Option<JoinHandle<()>>,
 }
 
+/// The checkpoint threshold while space is low: SQLite's own.
+const LOW_SPACE_PAGES: u64 = 1000;
+
+/// What the writer's hook asks of the checkpoint thread.
+#[derive(Default)]
+struct CkptState {
+    /// A PASSIVE checkpoint.
+    checkpoint: bool,
+    /// Start the writeback of the WAL's dirty pages.
+    writeback: bool,
+    /// End the thread.
+    stop: bool,
+}
+
 struct CkptShared {
-    /// (a checkpoint is wanted, the thread must stop)
-    state: Mutex<(bool, bool)>,
+    state: Mutex<CkptState>,
     wake: Condvar,
     /// Held while the thread checkpoints.
     running: Mutex<()>,
@@ -496,9 +515,10 @@ impl Checkpointer {
         conn: &mut Connection,
         db: &Path,
         pages: u64,
+        space_low: Arc<AtomicBool>,
     ) -> rusqlite::Result<Option<Checkpointer>> {
         let shared = Arc::new(CkptShared {
-            state: Mutex::new((false, false)),
+            state: Mutex::new(CkptState::default()),
             wake: Condvar::new(),
             running: Mutex::new(()),
             left: crate::replica::CheckpointsLeft::new(db),
@@ -525,10 +545,32 @@ impl Checkpointer {
             shared: shared.clone(),
             thread: Some(thread),
         };
-        let (sh, cap) = (shared, pages.saturating_mul(4));
+        let sh = shared;
+        // Frames of a 4 KiB page (and their 24-byte headers) between two writeback starts.
+        let every = crate::knobs::get().wal_writeback_kib / 4;
+        // The WAL's length (frames) at the last writeback start.
+        let mut last_start = 0u64;
         conn.wal_hook(Some(
             move |wal: &mut rusqlite::hooks::Wal, n: std::ffi::c_int| {
                 let n = u64::try_from(n).unwrap_or(0);
+                if n < last_start {
+                    // The WAL started over.
+                    last_start = 0;
+                }
+                if every > 0 && n >= last_start + every {
+                    last_start = n;
+                    let mut st = sh.state.lock();
+                    st.writeback = true;
+                    sh.wake.notify_one();
+                }
+                // With little space left the WAL stays short, as SQLite's own threshold
+                // would keep it: it holds the checkpoint's debt.
+                let pages = if space_low.load(Ordering::Relaxed) {
+                    pages.min(LOW_SPACE_PAGES)
+                } else {
+                    pages
+                };
+                let cap = pages.saturating_mul(4);
                 if n >= cap {
                     // Not while the thread checkpoints (this one would only fail busy), nor
                     // once Litestream replicates the database (its WAL is Litestream's).
@@ -541,8 +583,8 @@ impl Checkpointer {
                     }
                 } else if n >= pages {
                     let mut st = sh.state.lock();
-                    if !st.0 {
-                        st.0 = true;
+                    if !st.checkpoint {
+                        st.checkpoint = true;
                         sh.wake.notify_one();
                     }
                 }
@@ -555,7 +597,7 @@ impl Checkpointer {
 
 impl Drop for Checkpointer {
     fn drop(&mut self) {
-        self.shared.state.lock().1 = true;
+        self.shared.state.lock().stop = true;
         self.shared.wake.notify_one();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -563,22 +605,38 @@ impl Drop for Checkpointer {
     }
 }
 
-/// The checkpoint thread: a PASSIVE checkpoint each time the writer's hook asks, until told
-/// to stop. A database Litestream started replicating meanwhile is left to it.
+/// The checkpoint thread: a writeback start or a PASSIVE checkpoint each time the writer's
+/// hook asks, until told to stop. A database Litestream started replicating meanwhile is left
+/// to it.
 fn checkpoint_loop(db: &Path, sh: &CkptShared) {
     let mut conn = None;
+    // The -wal file, opened at the first writeback (SQLite keeps the same file while the
+    // database is open: it starts over by overwriting, not by a new file).
+    let mut wal: Option<File> = None;
     loop {
-        {
+        let (checkpoint, writeback) = {
             let mut st = sh.state.lock();
-            while !st.0 && !st.1 {
+            while !st.checkpoint && !st.writeback && !st.stop {
                 sh.wake.wait(&mut st);
             }
-            if st.1 {
+            if st.stop {
                 return;
             }
-            st.0 = false;
+            (
+                std::mem::take(&mut st.checkpoint),
+                std::mem::take(&mut st.writeback),
+            )
+        };
+        if writeback {
+            if wal.is_none() {
+                wal = File::open(wal_path(db)).ok();
+            }
+            // Only a head start for the disk: the barrier's fdatasync stays the proof.
+            if let Some(Err(e)) = wal.as_ref().map(crate::sys::writeback::start_writeback) {
+                tracing::debug!("WAL writeback of {} not started: {e}", db.display());
+            }
         }
-        if sh.left.get() {
+        if !checkpoint || sh.left.get() {
             continue;
         }
         if conn.is_none() {
@@ -680,9 +738,9 @@ impl WriterCell {
         Ok(out)
     }
 
-    /// Install the space guard's low-space flag (see [`crate::store::space`]).
-    pub fn set_space_low(&self, flag: Arc<AtomicBool>) {
-        self.writer.lock().space_low = flag;
+    /// The low-space flag the space guard raises (see [`crate::store::space`]).
+    pub fn space_low(&self) -> Arc<AtomicBool> {
+        self.writer.lock().space_low.clone()
     }
 
     /// Install the hook told when a batch is lost.

@@ -515,11 +515,9 @@ impl Store {
             w.set_lost_hook(Arc::new(move || c.clear()));
             Some(w)
         };
-        let space = writer.as_ref().map(|w| {
-            let g = space::SpaceGuard::new(path, crate::knobs::get());
-            w.set_space_low(g.low_flag());
-            g
-        });
+        let space = writer
+            .as_ref()
+            .map(|w| space::SpaceGuard::new(path, crate::knobs::get(), w.space_low()));
         let batch = match (&writer, batching) {
             (Some(w), Some(cfg)) => {
                 let b = batch::Batcher::new(

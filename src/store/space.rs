@@ -13,8 +13,9 @@
 //! may use the reserve. Before refusing, the guard hands free pages back and folds the WAL
 //! into the main file, then decides on fresh figures. Below the low-water mark
 //! (`AGENTFS_SPACE_LOW_MIB` above the reserve, pending WRITE bytes counted twice) nothing is
-//! acknowledged before it is committed: the flag returned by [`SpaceGuard::low_flag`] makes the
-//! writer commit every operation on its own, and WRITEs go through.
+//! acknowledged before it is committed: the writer's low-space flag, which the guard raises,
+//! makes it commit every operation on its own, keeps its WAL short (checkpoints at SQLite's
+//! 1,000 pages), and sends WRITEs through.
 //!
 //! Lock order: the guard's mutex may be held while [`Figures`] takes the writer or a reader;
 //! nothing holding the writer may call into the guard.
@@ -136,21 +137,17 @@ fn clamp(n: u64) -> i64 {
 
 impl SpaceGuard {
     /// The guard of the database at `db`, with the knobs `AGENTFS_SPACE_RESERVE_MIB`,
-    /// `AGENTFS_SPACE_LOW_MIB` and `AGENTFS_SPACE_SAMPLE_MS`.
-    pub fn new(db: &Path, k: &crate::knobs::Knobs) -> SpaceGuard {
+    /// `AGENTFS_SPACE_LOW_MIB` and `AGENTFS_SPACE_SAMPLE_MS`; it raises `low_flag` (the
+    /// writer's) while space is low.
+    pub fn new(db: &Path, k: &crate::knobs::Knobs, low_flag: Arc<AtomicBool>) -> SpaceGuard {
         SpaceGuard {
             db: db.to_path_buf(),
             reserve: clamp(k.space_reserve_mib << 20),
             low: clamp(k.space_low_mib << 20),
             every: Duration::from_millis(k.space_sample_ms),
             state: Mutex::new(State::default()),
-            low_flag: Arc::new(AtomicBool::new(false)),
+            low_flag,
         }
-    }
-
-    /// Set while space is low: every operation must be committed before it is answered.
-    pub fn low_flag(&self) -> Arc<AtomicBool> {
-        self.low_flag.clone()
     }
 
     /// Whether space is low (as of the last admitted operation).

@@ -14,3 +14,4 @@ pub mod registry;
 pub mod signals;
 pub mod space;
 pub mod stdio;
+pub mod writeback;
