@@ -7,8 +7,9 @@
 //!   never more than chunk_size bytes and never bytes at or past EOF. Missing rows and the
 //!   tail of a short row read as zeros, so stale bytes cannot reappear when a file grows.
 
+use rusqlite::blob::Blob;
 use rusqlite::types::ValueRef;
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::{Connection, OptionalExtension, MAIN_DB};
 
 use super::inode::{meta_from_row, sql_ino, touch_mc, Meta, MAX_FILE_SIZE, META_COLS};
 use super::{FsConfig, Ino, Timespec};
@@ -104,6 +105,18 @@ pub fn read(
         None => read_chunks(c, cfg.chunk_size, ino, off, &mut buf)?,
     }
     Ok(buf)
+}
+
+/// The rowid of chunk `idx` when it is stored as a blob of exactly `len` bytes (its length
+/// read from the record header, without its overflow pages).
+fn stored_blob(c: &Connection, ino: Ino, idx: u64, len: usize) -> Result<Option<i64>, Errno> {
+    let mut st = c.prepare_cached(
+        "SELECT rowid FROM fs_data WHERE ino = ?1 AND chunk_index = ?2
+           AND typeof(data) = 'blob' AND length(data) = ?3",
+    )?;
+    Ok(st
+        .query_row((sql_ino(ino)?, idx as i64, len as i64), |r| r.get(0))
+        .optional()?)
 }
 
 fn get_chunk(c: &Connection, ino: Ino, idx: u64) -> Result<Option<Vec<u8>>, Errno> {
@@ -689,6 +702,8 @@ fn write_pieces(
             rest = &rest[n..];
         }
     }
+    // One incremental-blob handle for the rows patched in place, moved from row to row.
+    let mut blob: Option<Blob<'_>> = None;
     let mut i = 0;
     while i < parts.len() {
         let idx = parts[i].0;
@@ -707,6 +722,21 @@ fn write_pieces(
         }
         let mut row = if covered >= limit {
             vec![0u8; limit]
+        } else if let Some(rowid) = stored_blob(c, ino, idx, limit)? {
+            // The row keeps its length: patch its bytes in place. Only the pages the pieces
+            // touch are read and written; the whole row would be read, copied and compared.
+            let b = match &mut blob {
+                Some(b) => {
+                    b.reopen(rowid)?;
+                    b
+                }
+                None => blob.insert(c.blob_open(MAIN_DB, "fs_data", "data", rowid, false)?),
+            };
+            for (_, at, d) in group {
+                b.write_at(d, *at)?;
+            }
+            i = j;
+            continue;
         } else {
             let mut old = get_chunk(c, ino, idx)?.unwrap_or_default();
             old.truncate(limit);
