@@ -362,3 +362,38 @@ fn a_writable_open_adds_the_change_counter_that_a_database_lacks() {
         .unwrap();
     assert_eq!(crate::store::change_seq(&c).unwrap(), after);
 }
+
+/// A connection as the store opens it plans each statement once: rusqlite's statement cache
+/// clears a statement's bindings when it is returned, and SQLite (without its query planner
+/// stability guarantee) takes that for a rebind of parameters it planned by value (here the
+/// listing's LIMIT), so every use of the cached statement was parsed and planned again.
+#[test]
+fn a_cached_statement_is_planned_once_whatever_is_bound() {
+    let db = fresh();
+    let d = db.dir(Ino::ROOT, "d");
+    for i in 0..20 {
+        db.file(d, &format!("f{i}"));
+    }
+    let sql = "SELECT d.id, d.name FROM fs_dentry d
+               WHERE d.parent_ino = ?1 AND d.id > ?2 ORDER BY d.id LIMIT ?3";
+    let replans = |c: &rusqlite::Connection| {
+        let mut n = 0;
+        for k in 0..10i64 {
+            let mut st = c.prepare_cached(sql).unwrap();
+            {
+                let mut rows = st.query((d.0 as i64, k, 5 + k)).unwrap();
+                while rows.next().unwrap().is_some() {}
+            }
+            n = st.get_status(rusqlite::StatementStatus::RePrepare);
+        }
+        n
+    };
+    let ours = crate::store::conn::open(&db.dir.path().join("fs.db"), true).unwrap();
+    assert_eq!(replans(&ours), 0, "a cached statement was planned again");
+    // The control: a plain connection plans it again at each use.
+    let plain = rusqlite::Connection::open(db.dir.path().join("fs.db")).unwrap();
+    assert!(
+        replans(&plain) >= 5,
+        "SQLite no longer plans by a bound LIMIT"
+    );
+}
