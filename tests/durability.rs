@@ -521,8 +521,8 @@ fn fsynced_bytes_survive_kill_9_while_others_were_pending() {
 /// lives, what was written reaches the database file, and the WAL stays far below SQLite's
 /// own threshold (1,000 pages, which a checkpoint on the commit path would let it reach),
 /// near the writer's own bound (4 times the knob, plus the transactions that commit while a
-/// reader keeps the WAL from starting over). Everything reads back
-/// after a remount, and the database is consistent.
+/// reader keeps the WAL from starting over); at rest its file goes back to the threshold.
+/// Everything reads back after a remount, and the database is consistent.
 #[test]
 fn the_wal_is_checkpointed_beside_the_writer_and_stays_bounded() {
     if !fuse_or_skip("the_wal_is_checkpointed_beside_the_writer_and_stays_bounded") {
@@ -557,6 +557,23 @@ fn the_wal_is_checkpointed_beside_the_writer_and_stays_bounded() {
     }
     let db_len = fs::metadata(&m.db).unwrap().len();
     assert!(db_len >= 11 << 20, "the database file holds {db_len} bytes");
+    // At rest the WAL file goes back to the threshold (journal_size_limit): the first commit
+    // after the WAL starts over truncates it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let rest = (PAGES + 100) * frame;
+    loop {
+        fs::write(m.path("small"), b"one more").unwrap();
+        fs::File::open(m.path("small")).unwrap().sync_all().unwrap();
+        let len = fs::metadata(&wal).map_or(0, |md| md.len());
+        if len <= rest {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the WAL file stayed at {len} bytes (most {most}) after the writes ended"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     m.unmount();
     assert_consistent(&m.db);
     m.mount();

@@ -159,6 +159,14 @@ impl Writer {
             conn.pragma_update(None, "wal_autocheckpoint", 0)?;
             None
         } else if k.wal_checkpoint_pages > 0 {
+            // A WAL that grew past the threshold in a long write goes back to it at rest: SQLite
+            // truncates the file to this limit at the first commit after the WAL starts over.
+            let limit = k.wal_checkpoint_pages.saturating_mul(4096);
+            conn.pragma_update(
+                None,
+                "journal_size_limit",
+                i64::try_from(limit).unwrap_or(-1),
+            )?;
             Checkpointer::start(&mut conn, path, k.wal_checkpoint_pages, space_low.clone())?
         } else {
             None
