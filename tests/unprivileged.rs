@@ -270,3 +270,79 @@ for n in range(5):
     common::force_cleanup(&mnt);
     common::assert_consistent(&db);
 }
+
+/// An ordinary user's mount keeps what a long write and in-place overwrites stored, with the
+/// WAL machinery at small sizes so it all runs as that user: checkpoints beside the writer and
+/// by the writer itself, writeback starts of the -wal, 4 KiB patches inside stored chunks
+/// (incremental blob I/O). The bytes read back after a remount, the -wal is the user's, and
+/// the database is consistent.
+#[test]
+fn an_ordinary_users_mount_keeps_long_writes_and_overwrites_in_place() {
+    let test = "an_ordinary_users_mount_keeps_long_writes_and_overwrites_in_place";
+    let Some(UserScratch {
+        db,
+        mnt,
+        _mode,
+        dir,
+    }) = user_scratch(test)
+    else {
+        return;
+    };
+    let bin = common::bin();
+    let bin_s = bin.to_str().unwrap();
+    let (db_s, mnt_s) = (db.to_str().unwrap(), mnt.to_str().unwrap());
+    let mount = || {
+        let out = Command::new(bin_s)
+            .args(["mount", db_s, mnt_s])
+            .env("AGENTFS_WAL_CHECKPOINT_PAGES", "64")
+            .env("AGENTFS_WAL_WRITEBACK_KIB", "256")
+            .uid(USER)
+            .gid(USER)
+            .env_remove("XDG_RUNTIME_DIR")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "user mount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    mount();
+    let _cleanup = UnmountOnDrop(mnt.clone());
+    let exp = dir.path().join("expected");
+    let exp_s = exp.to_str().unwrap();
+    let big = format!("{mnt_s}/big");
+    let mut script = format!(
+        "set -e; head -c 8388608 /dev/urandom > {exp_s}; cat {exp_s} > {big}; sync {big}; \
+         cd {dir}; ",
+        dir = dir.path().display()
+    );
+    for block in [0, 3, 17, 100, 511, 1000, 2047] {
+        script.push_str(&format!(
+            "head -c 4096 /dev/urandom > patch; \
+             dd if=patch of={exp_s} bs=4096 seek={block} conv=notrunc status=none; \
+             dd if=patch of={big} bs=4096 seek={block} conv=notrunc status=none; "
+        ));
+    }
+    script.push_str(&format!("sync {big}"));
+    let out = as_user("sh", &["-c", &script]);
+    assert!(
+        out.status.success(),
+        "writes as the user: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use std::os::unix::fs::MetadataExt;
+    let wal = fs::metadata(format!("{db_s}-wal")).expect("the mount's -wal");
+    assert_eq!(wal.uid(), USER, "the -wal belongs to the user");
+    assert!(as_user(bin_s, &["umount", mnt_s]).status.success());
+    mount();
+    let out = as_user("cmp", &[exp_s, &big]);
+    assert!(
+        out.status.success(),
+        "read back after a remount: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(as_user(bin_s, &["umount", mnt_s]).status.success());
+    common::force_cleanup(&mnt);
+    common::assert_consistent(&db);
+}
