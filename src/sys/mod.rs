@@ -1,4 +1,5 @@
-//! Operating-system plumbing: mounting and unmounting FUSE filesystems, the mount table, locks.
+//! Operating-system plumbing: mounting and unmounting FUSE filesystems, the mount table, locks,
+//! starting a file's writeback.
 //! With `transport/`, this is the only home of `unsafe`.
 
 pub mod beneath;
