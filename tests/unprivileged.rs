@@ -13,17 +13,21 @@ use common::{fuse_or_skip, scratch_root, UnmountOnDrop};
 
 const USER: u32 = 65534;
 
-fn as_user(program: &str, args: &[&str]) -> Output {
-    Command::new(program)
-        .args(args)
+/// `program args` as the test user, for the caller to add to.
+fn user_command(program: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .uid(USER)
         .gid(USER)
-        .env_remove("XDG_RUNTIME_DIR")
-        .output()
-        .unwrap()
+        .env_remove("XDG_RUNTIME_DIR");
+    cmd
 }
 
-/// What both tests need: fusermount3 and a build tree other users can reach (a skip, or a
+fn as_user(program: &str, args: &[&str]) -> Output {
+    user_command(program, args).output().unwrap()
+}
+
+/// What the tests need: fusermount3 and a build tree other users can reach (a skip, or a
 /// failure under AGENTFS_REQUIRE_FUSE, without them), /dev/fuse opened up while they run,
 /// and a scratch directory owned by the user with `db.sqlite` and an empty `mnt/` in it.
 struct UserScratch {
@@ -292,13 +296,9 @@ fn an_ordinary_users_mount_keeps_long_writes_and_overwrites_in_place() {
     let bin_s = bin.to_str().unwrap();
     let (db_s, mnt_s) = (db.to_str().unwrap(), mnt.to_str().unwrap());
     let mount = || {
-        let out = Command::new(bin_s)
-            .args(["mount", db_s, mnt_s])
+        let out = user_command(bin_s, &["mount", db_s, mnt_s])
             .env("AGENTFS_WAL_CHECKPOINT_PAGES", "64")
             .env("AGENTFS_WAL_WRITEBACK_KIB", "256")
-            .uid(USER)
-            .gid(USER)
-            .env_remove("XDG_RUNTIME_DIR")
             .output()
             .unwrap();
         assert!(
