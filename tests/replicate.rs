@@ -492,13 +492,8 @@ fn second_machine(w: &World) -> PathBuf {
 
 /// The project `name`'s newest run record, as JSON.
 fn last_run(w: &World, name: &str) -> Value {
-    let mut runs: Vec<PathBuf> = fs::read_dir(w.root().join(name).join("runs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    runs.sort();
-    serde_json::from_slice(&fs::read(runs.last().expect("a run record")).unwrap()).unwrap()
+    let rec = agentfs::sandbox::latest_record(&w.root().join(name)).expect("a run record");
+    serde_json::to_value(rec).unwrap()
 }
 
 /// The machine is lost: the project's databases deleted.

@@ -81,6 +81,41 @@ fn exit_statuses_as_an_ordinary_user() {
     }
 }
 
+/// The project's `last_run` is the run that started last, also when the pids wrapped between
+/// two runs of one second and the later supervisor has the smaller pid (the test makes the wrap
+/// happen by lowering the kernel's last pid, `/proc/sys/kernel/ns_last_pid`, so root only).
+#[test]
+fn the_last_run_is_the_newest_even_when_pids_wrapped() {
+    if !common::fuse_or_skip("the_last_run_is_the_newest_even_when_pids_wrapped") {
+        return;
+    }
+    let w = World::new(None);
+    let src = w.source("wrap");
+    let last_run = || {
+        let o = w.af(&["status", "wrap", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["projects"][0]["last_run"].clone()
+    };
+    let pid_max: i64 = fs::read_to_string("/proc/sys/kernel/pid_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let last_pid = |p: i64| fs::write("/proc/sys/kernel/ns_last_pid", p.to_string()).unwrap();
+    last_pid(pid_max * 2 / 3);
+    let first = w.af(&["quick", src.to_str().unwrap(), "--", "sh", "-c", "exit 7"]);
+    assert_eq!(first.status.code(), Some(7), "{}", err(&first));
+    let r = last_run();
+    assert_eq!(r["exit_status"], 7, "{r}");
+    let pid = r["supervisor"].as_i64().unwrap();
+    last_pid(pid_max / 3);
+    let second = w.af(&["run", "wrap", "--", "sh", "-c", "exit 9"]);
+    assert_eq!(second.status.code(), Some(9), "{}", err(&second));
+    let r = last_run();
+    assert_eq!(r["exit_status"], 9, "the older run: {r}");
+    assert!(r["supervisor"].as_i64().unwrap() < pid, "no wrap: {r}");
+}
+
 #[test]
 fn writes_land_in_the_delta_and_the_host_tree_is_untouched() {
     let w = World::new(None);

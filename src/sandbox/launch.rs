@@ -218,6 +218,7 @@ fn fence(req: &SandboxRequest, knobs: &Knobs) -> Result<Option<Fence>, SandboxEr
 }
 
 fn new_record(req: &SandboxRequest, plan: &[Op], ids: Ids) -> RunRecord {
+    let (started, started_ns) = record::now_precise();
     let mut namespaces = vec!["user", "mount", "pid"];
     if req.net == Net::None {
         namespaces.push("net");
@@ -257,7 +258,8 @@ fn new_record(req: &SandboxRequest, plan: &[Op], ids: Ids) -> RunRecord {
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
         cwd: req.cwd.clone(),
-        started: record::now(),
+        started,
+        started_ns,
         ended: None,
         outcome: None,
         exit_status: None,

@@ -62,6 +62,10 @@ pub struct RunRecord {
     pub cwd: PathBuf,
     /// Unix seconds.
     pub started: u64,
+    /// The nanoseconds within `started`: with it the records of one second keep the order
+    /// they started in (pids wrap, so the supervisor's pid cannot order them).
+    #[serde(default)]
+    pub started_ns: u32,
     pub ended: Option<u64>,
     /// The status propagated to the caller (128+N when killed by signal N).
     pub exit_status: Option<i32>,
@@ -120,10 +124,15 @@ pub struct HistoryRecord {
 }
 
 pub fn now() -> u64 {
+    now_precise().0
+}
+
+/// Unix seconds and the nanoseconds within them.
+pub fn now_precise() -> (u64, u32) {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+        .map(|d| (d.as_secs(), d.subsec_nanos()))
+        .unwrap_or((0, 0))
 }
 
 impl RunRecord {
@@ -159,11 +168,12 @@ impl RunRecord {
             .collect()
     }
 
-    /// Where this record lives in `project_dir`.
+    /// Where this record lives in `project_dir`: `runs/<seconds>.<nanoseconds>-<pid>.json`.
     pub fn path(&self, project_dir: &Path) -> PathBuf {
-        project_dir
-            .join("runs")
-            .join(format!("{}-{}.json", self.started, self.supervisor))
+        project_dir.join("runs").join(format!(
+            "{}.{:09}-{}.json",
+            self.started, self.started_ns, self.supervisor
+        ))
     }
 
     pub fn write(&self, project_dir: &Path) -> std::io::Result<()> {
@@ -178,23 +188,45 @@ impl RunRecord {
     }
 }
 
-/// The run records of the project, oldest first.
+/// The run records of the project, oldest first (by their start; a name without the
+/// nanoseconds, as older versions wrote, starts at its second's beginning).
 fn record_files(project_dir: &Path) -> Vec<PathBuf> {
     let Ok(rd) = std::fs::read_dir(project_dir.join("runs")) else {
         return Vec::new();
     };
-    let mut names: Vec<(u64, i32, PathBuf)> = rd
+    let mut names: Vec<(RecordName, PathBuf)> = rd
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let p = e.path();
-            let stem = p.file_stem()?.to_str()?.to_string();
-            let (t, pid) = stem.split_once('-')?;
             (p.extension()? == "json").then_some(())?;
-            Some((t.parse().ok()?, pid.parse().ok()?, p))
+            Some((RecordName::parse(p.file_stem()?.to_str()?)?, p))
         })
         .collect();
     names.sort();
-    names.into_iter().map(|(_, _, p)| p).collect()
+    names.into_iter().map(|(_, p)| p).collect()
+}
+
+/// A record's file name, `<seconds>[.<nanoseconds>]-<pid>`, in the order runs started.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct RecordName {
+    secs: u64,
+    nanos: u32,
+    pid: i32,
+}
+
+impl RecordName {
+    fn parse(stem: &str) -> Option<RecordName> {
+        let (t, pid) = stem.split_once('-')?;
+        let (secs, nanos) = match t.split_once('.') {
+            Some((s, n)) => (s.parse().ok()?, n.parse().ok()?),
+            None => (t.parse().ok()?, 0),
+        };
+        Some(RecordName {
+            secs,
+            nanos,
+            pid: pid.parse().ok()?,
+        })
+    }
 }
 
 fn read_record(p: &Path) -> Option<RunRecord> {
@@ -260,5 +292,30 @@ pub fn remove_live(project_dir: &Path, supervisor: i32) {
         .is_some_and(|m| m.supervisor == supervisor);
     if ours {
         let _ = std::fs::remove_file(path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RecordName;
+
+    /// Two runs in one second: the later one sorts last even when the pids wrapped and its
+    /// supervisor's pid is the smaller; a name without nanoseconds is its second's start.
+    #[test]
+    fn records_sort_by_start_not_by_pid() {
+        let mut names: Vec<RecordName> = [
+            "100.000000500-32700",
+            "100.000000900-301",
+            "100-40000",
+            "99.999999999-5",
+        ]
+        .iter()
+        .map(|s| RecordName::parse(s).unwrap())
+        .collect();
+        names.sort();
+        let pids: Vec<i32> = names.iter().map(|n| n.pid).collect();
+        assert_eq!(pids, [5, 40000, 32700, 301]);
+        assert_eq!(RecordName::parse("100.x-1"), None);
+        assert_eq!(RecordName::parse("100"), None);
     }
 }
