@@ -168,12 +168,15 @@ impl RunRecord {
             .collect()
     }
 
-    /// Where this record lives in `project_dir`: `runs/<seconds>.<nanoseconds>-<pid>.json`.
+    /// Where this record lives in `project_dir`: `runs/<seconds>.<nanoseconds>-<pid>.json`,
+    /// or `runs/<seconds>-<pid>.json` for a record without nanoseconds (older versions wrote
+    /// those; `recover` rewrites them in place).
     pub fn path(&self, project_dir: &Path) -> PathBuf {
-        project_dir.join("runs").join(format!(
-            "{}.{:09}-{}.json",
-            self.started, self.started_ns, self.supervisor
-        ))
+        let name = match self.started_ns {
+            0 => format!("{}-{}.json", self.started, self.supervisor),
+            ns => format!("{}.{:09}-{}.json", self.started, ns, self.supervisor),
+        };
+        project_dir.join("runs").join(name)
     }
 
     pub fn write(&self, project_dir: &Path) -> std::io::Result<()> {
@@ -316,6 +319,10 @@ mod tests {
         let pids: Vec<i32> = names.iter().map(|n| n.pid).collect();
         assert_eq!(pids, [5, 40000, 32700, 301]);
         assert_eq!(RecordName::parse("100.x-1"), None);
+        assert_eq!(
+            RecordName::parse("100-7"),
+            RecordName::parse("100.000000000-7")
+        );
         assert_eq!(RecordName::parse("100"), None);
     }
 }
