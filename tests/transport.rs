@@ -144,7 +144,7 @@ fn the_kill_switch_keeps_dev_fuse_even_when_offered() {
 /// thread is latency the writer pays. A lone writer's WRITEs run on the transport thread that
 /// read them, on both transports (proven by the server's count of requests it handed to
 /// workers); a ring thread, the only reader of its queue, still hands over its fsyncs and
-/// WRITEs larger than 64 KiB.
+/// WRITEs and READs larger than 64 KiB.
 #[test]
 fn a_lone_writers_requests_run_where_they_are_read() {
     use std::io::Write;
@@ -205,6 +205,30 @@ fn a_lone_writers_requests_run_where_they_are_read() {
             assert!(handed >= 4, "8 WRITEs of 1 MiB, {handed} handed to workers");
         }
         assert_eq!(fs::metadata(m.path("big")).unwrap().len(), 8 << 20);
+        // Large READs (readahead's) leave the ring thread for a worker, so the next one can be
+        // served beside it; on /dev/fuse the transport threads serve them side by side already.
+        let f = fs::File::open(m.path("big")).unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: fadvise on a descriptor this test owns; it only drops clean cached pages.
+        let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(rc, 0);
+        drop(f);
+        let before_read = common::settled_record(pid);
+        let back = fs::read(m.path("big")).unwrap();
+        assert!(back
+            .chunks(1 << 20)
+            .enumerate()
+            .all(|(i, c)| c.iter().all(|&b| b == i as u8)));
+        let read = common::settled_record(pid);
+        let handed = read.worker_requests - before_read.worker_requests;
+        if ring == "Y" {
+            assert!(
+                handed >= 4,
+                "8 MiB read back, {handed} READs handed to workers"
+            );
+        } else {
+            assert!(handed < 4, "/dev/fuse: {handed} READs handed to workers");
+        }
         m.unmount();
     }
 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{unbounded, Sender};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use super::Dispatcher;
 
@@ -59,6 +59,10 @@ pub fn runs_inline(opcode: u32) -> bool {
 
 /// A WRITE this long or shorter is latency-bound: run it in place when possible.
 pub const LARGE_WRITE: usize = 64 * 1024;
+
+/// A READ longer than this comes from readahead or a large read(2): a ring thread hands it to
+/// a worker so that the next one can proceed beside it (see the ring's `is_large_read`).
+pub const LARGE_READ: usize = 64 * 1024;
 
 /// Whether a request may wait long in the server, so a transport thread that is the only
 /// reader of its queue hands it to a worker instead of running it: barriers (a commit and an
@@ -161,13 +165,41 @@ impl Shards {
     /// Run `job` on the shard that owns inode `key`, or inline when there are no workers.
     pub fn submit(&self, key: u64, job: Job) {
         let senders = self.senders.read();
-        let Some((shard, state)) = self.shard(key, senders.len()) else {
+        match self.shard(key, senders.len()) {
+            Some((shard, _)) => self.send(senders, shard, job),
+            None => {
+                drop(senders);
+                job(&self.dispatcher);
+            }
+        }
+    }
+
+    /// Run `job`, which needs no shard's order, on the worker with the fewest jobs queued (the
+    /// first such one), or inline when there are none. Its shard's later jobs wait behind it.
+    pub fn submit_any(&self, job: Job) {
+        let senders = self.senders.read();
+        let least = (self.states.iter().take(senders.len()).enumerate())
+            .min_by_key(|(_, s)| s.queued.load(Ordering::Acquire))
+            .map(|(i, _)| i);
+        match least {
+            Some(i) => self.send(senders, i, job),
+            None => {
+                drop(senders);
+                job(&self.dispatcher);
+            }
+        }
+    }
+
+    /// Queue `job` on worker `i` (a running one: `i < senders.len()`); run it here if the worker
+    /// stopped meanwhile.
+    fn send(&self, senders: RwLockReadGuard<'_, Vec<Sender<Job>>>, i: usize, job: Job) {
+        let (Some(state), Some(sender)) = (self.states.get(i), senders.get(i)) else {
             drop(senders);
             job(&self.dispatcher);
             return;
         };
         state.queued.fetch_add(1, Ordering::Acquire);
-        match senders[shard].send(job) {
+        match sender.send(job) {
             Ok(()) => {
                 self.handed.fetch_add(1, Ordering::Relaxed);
             }
@@ -333,6 +365,27 @@ mod tests {
         shards.submit(7, Box::new(move |_| tx.send(()).unwrap()));
         assert!(rx.try_recv().is_ok(), "submit ran the job before returning");
         assert_eq!(shards.handed(), 0);
+    }
+
+    /// A job without a shard goes to the worker with the fewest queued jobs, so two of them
+    /// run side by side while one worker is busy; without workers it runs in place.
+    #[test]
+    fn a_job_without_a_shard_goes_to_the_least_busy_worker() {
+        let (_dir, shards) = pool(2);
+        let (a, _, _) = keys(2);
+        let (go, wait) = crossbeam_channel::bounded::<()>(0);
+        shards.submit(a, Box::new(move |_| wait.recv().unwrap()));
+        let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+        shards.submit_any(Box::new(move |_| tx.send(()).unwrap()));
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("ran on the idle worker while the other waits");
+        go.send(()).unwrap();
+        assert_eq!(shards.handed(), 2);
+        shards.stop();
+        let (_dir, none) = pool(0);
+        let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+        none.submit_any(Box::new(move |_| tx.send(()).unwrap()));
+        assert!(rx.try_recv().is_ok(), "no workers: it ran before returning");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::abi;
-use crate::dispatch::shards::{may_block, runs_inline, Shards};
+use crate::dispatch::shards::{may_block, runs_inline, Job, Shards, LARGE_READ};
 use crate::dispatch::Dispatcher;
 use crate::protocol::{self, Reply};
 
@@ -546,7 +546,9 @@ impl Queue {
             };
             fill_reply(hdr, payload, d);
         };
-        let answered = if runs_inline(opcode) {
+        let answered = if is_large_read(opcode, e.header.bytes()) {
+            false
+        } else if runs_inline(opcode) {
             here(shards.dispatcher());
             true
         } else {
@@ -564,23 +566,40 @@ impl Queue {
             done: self.done.clone(),
             idx,
         };
-        shards.submit(
-            key,
-            Box::new(move |d| {
-                let _back = handed;
-                let bufs = bufs;
-                // SAFETY: see EntryBufs: the entry is InUser, so this job is the only user of
-                // its buffers until `finish` hands them back to the ring thread.
-                let (hdr, payload) = unsafe {
-                    (
-                        std::slice::from_raw_parts_mut(bufs.header, bufs.header_len),
-                        std::slice::from_raw_parts_mut(bufs.payload, bufs.payload_len),
-                    )
-                };
-                fill_reply(hdr, payload, d);
-            }),
-        );
+        let job: Job = Box::new(move |d| {
+            let _back = handed;
+            let bufs = bufs;
+            // SAFETY: see EntryBufs: the entry is InUser, so this job is the only user of
+            // its buffers until `finish` hands them back to the ring thread.
+            let (hdr, payload) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(bufs.header, bufs.header_len),
+                    std::slice::from_raw_parts_mut(bufs.payload, bufs.payload_len),
+                )
+            };
+            fill_reply(hdr, payload, d);
+        });
+        if opcode == abi::Opcode::Read as u32 {
+            shards.submit_any(job);
+        } else {
+            shards.submit(key, job);
+        }
     }
+}
+
+/// A READ of more than [`LARGE_READ`] bytes: the ring thread hands it to a worker instead of
+/// running it. The kernel puts every request of a CPU in that CPU's queue, so a sequential
+/// reader's readahead READs would otherwise be served one after the other by one thread, each
+/// waiting for the disk in turn where /dev/fuse's threads serve them side by side.
+fn is_large_read(opcode: u32, header: &[u8]) -> bool {
+    const SIZE: std::ops::Range<usize> =
+        abi::FUSE_URING_IN_OUT_HEADER_SZ + 16..abi::FUSE_URING_IN_OUT_HEADER_SZ + 20;
+    opcode == abi::Opcode::Read as u32
+        && header
+            .get(SIZE)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_ne_bytes)
+            .is_some_and(|size| size as usize > LARGE_READ)
 }
 
 /// Decode the request in an entry's buffers, run it, and leave the reply in the same buffers

@@ -257,6 +257,38 @@ fn orphans_are_retained_then_reaped() {
     db.assert_clean();
 }
 
+/// Whatever kind an inode is (chunked or inline file, symlink, FIFO, directory, each with an
+/// extended attribute), the last name's removal leaves none of its rows behind.
+#[test]
+fn every_kind_of_inode_leaves_no_rows_when_it_dies() {
+    let db = fresh();
+    let chunked = db.file(Ino::ROOT, "chunked");
+    db.write(chunked, 0, &pattern(200_000, 3)).unwrap();
+    let inline = db.file(Ino::ROOT, "inline");
+    db.write(inline, 0, b"small").unwrap();
+    let link = db.symlink(Ino::ROOT, b"link", b"chunked", ME).unwrap().ino;
+    let fifo = db
+        .mknod(Ino::ROOT, b"fifo", libc::S_IFIFO | 0o644, 0, ME)
+        .unwrap()
+        .ino;
+    let dir = db.dir(Ino::ROOT, "dir");
+    for ino in [chunked, inline, link, fifo, dir] {
+        db.setxattr(ino, b"user.k", b"v", 0).unwrap();
+    }
+    assert!(db.q("SELECT count(*) FROM fs_data") > 0);
+    assert_eq!(db.q("SELECT count(*) FROM fs_symlink"), 1);
+    for name in ["chunked", "inline", "link", "fifo"] {
+        db.unlink(Ino::ROOT, name.as_bytes(), &NoReferences)
+            .unwrap();
+    }
+    db.rmdir(Ino::ROOT, b"dir", &NoReferences).unwrap();
+    for table in ["fs_data", "fs_symlink", "fs_xattr"] {
+        assert_eq!(db.q(&format!("SELECT count(*) FROM {table}")), 0, "{table}");
+    }
+    assert_eq!(db.q("SELECT count(*) FROM fs_inode"), 1);
+    db.assert_clean();
+}
+
 #[test]
 fn rename_basic_and_over_targets() {
     let db = fresh();
