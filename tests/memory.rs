@@ -325,3 +325,37 @@ fn idle_transport_threads_hand_back_their_buffer_tails() {
     assert_eq!(fs::metadata(m.path("big")).unwrap().len(), 32 * MIB);
     drop(m);
 }
+
+/// The ring's payload buffers are mapped, not filled: a page costs memory once a request or
+/// reply was written to it. So a server on the ring that served only small requests holds
+/// far less than its request buffers' size (with every page faulted in at mount, its resident
+/// set exceeded that size before the first request).
+#[test]
+fn ring_buffers_hold_only_the_pages_requests_used() {
+    let test = "ring_buffers_hold_only_the_pages_requests_used";
+    if !common::fuse_or_skip(test) {
+        return;
+    }
+    let Some(_param) = common::UringParam::set("Y") else {
+        eprintln!("SKIP {test}: enable_uring is not writable");
+        return;
+    };
+    let m = Mounted::with_env(&[("AGENTFS_FUSE_URING", "1")]);
+    let pid = m.server_pid();
+    let rec = common::settled_record(pid);
+    assert_eq!(rec.transport, "io-uring");
+    fs::create_dir(m.path("s")).unwrap();
+    for i in 0..500 {
+        fs::write(m.path(&format!("s/f{i}")), b"small\n").unwrap();
+        assert_eq!(fs::read(m.path(&format!("s/f{i}"))).unwrap(), b"small\n");
+    }
+    let rec = common::settled_record(pid);
+    let rss = agentfs::sys::memory::rss(Some(pid)).unwrap();
+    assert!(
+        rss < rec.memory.transport,
+        "resident {} KiB, request buffers {} KiB",
+        rss / 1024,
+        rec.memory.transport / 1024
+    );
+    drop(m);
+}

@@ -74,14 +74,19 @@ struct Mapped {
 unsafe impl Send for Mapped {}
 
 impl Mapped {
-    fn new(len: usize) -> io::Result<Self> {
+    /// A fresh mapping of `len` bytes; `populate` faults every page in now, otherwise a page
+    /// costs memory only once something is written to it (the kernel's copy of a request or
+    /// our reply), so an entry holds only what it ever carried.
+    fn new(len: usize, populate: bool) -> io::Result<Self> {
+        let flags =
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | if populate { libc::MAP_POPULATE } else { 0 };
         // SAFETY: an anonymous private mapping with no address hint has no preconditions.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                flags,
                 -1,
                 0,
             )
@@ -285,8 +290,8 @@ pub fn prepare(queues: usize, depth: usize, payload: usize) -> io::Result<Vec<Qu
         let (tx, done_rx) = unbounded();
         let mut entries = Vec::with_capacity(depth);
         for _ in 0..depth {
-            let mut header = Mapped::new(HEADER_SIZE.next_multiple_of(4096))?;
-            let mut payload_buf = Mapped::new(payload.next_multiple_of(4096))?;
+            let mut header = Mapped::new(HEADER_SIZE.next_multiple_of(4096), true)?;
+            let mut payload_buf = Mapped::new(payload.next_multiple_of(4096), false)?;
             let iov = IoVecs(Box::new([
                 libc::iovec {
                     iov_base: header.bytes_mut().as_mut_ptr().cast(),
