@@ -12,7 +12,9 @@
 //! on the pending-byte cap) from stalling the transport. Namespace mutations stay totally
 //! ordered and atomic because each is one transaction on the store's single writer; reads use
 //! their own connections and never wait for a shard. With 0 workers, every request runs on the
-//! transport thread that read it.
+//! transport thread that read it. A ring thread, the only reader of its CPU's queue, hands a
+//! large READ to the least busy worker ([`Shards::submit_any`]) so that readahead's READs from
+//! one CPU are served side by side, as /dev/fuse's threads serve them.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
