@@ -346,3 +346,127 @@ fn an_ordinary_users_mount_keeps_long_writes_and_overwrites_in_place() {
     common::force_cleanup(&mnt);
     common::assert_consistent(&db);
 }
+
+/// An ordinary user's mount is served over the ring when the kernel offers it: its requests
+/// arrive on the ring, a large file reads back intact after its cached pages were dropped,
+/// with the large READs handed to workers, and the ring's buffers hold only the pages used.
+#[test]
+fn an_ordinary_users_ring_mount_reads_large_files_back() {
+    let test = "an_ordinary_users_ring_mount_reads_large_files_back";
+    let Some(UserScratch {
+        db,
+        mnt,
+        _mode,
+        dir,
+    }) = user_scratch(test)
+    else {
+        return;
+    };
+    let Some(_param) = common::UringParam::set("Y") else {
+        assert!(
+            !agentfs::knobs::get().require_fuse,
+            "cannot set enable_uring"
+        );
+        eprintln!("SKIP {test}: enable_uring is not writable");
+        return;
+    };
+    let bin = common::bin();
+    let bin_s = bin.to_str().unwrap();
+    let (db_s, mnt_s) = (db.to_str().unwrap(), mnt.to_str().unwrap());
+    let out = user_command(bin_s, &["mount", db_s, mnt_s])
+        .env("AGENTFS_FUSE_URING", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "user mount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _cleanup = UnmountOnDrop(mnt.clone());
+    // The user's server, as the user's `agentfs status --json` shows it.
+    let record = || {
+        let out = as_user(bin_s, &["status", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["mounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["mount_point"] == mnt_s)
+            .cloned()
+            .unwrap_or_else(|| panic!("the user's server is not in its status: {v}"))
+    };
+    let count = |v: &serde_json::Value, k: &str| v["requests"][k].as_u64().unwrap_or(0);
+    // The record's counters are published on a tick: read until two reads agree.
+    let settled = || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut last = record();
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            let now = record();
+            if now["requests"] == last["requests"] && count(&now, "ring") > 0 {
+                return now;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "counters never settled: {now}"
+            );
+            last = now;
+        }
+    };
+    let fresh = record();
+    let mem = |k: &str| fresh["memory"][k].as_u64().unwrap_or(0);
+    assert!(
+        mem("rss") > 0 && mem("rss") < mem("request_buffers"),
+        "a fresh server's resident set is below its request buffers' size: {fresh}"
+    );
+    let exp = dir.path().join("expected");
+    let exp_s = exp.to_str().unwrap();
+    let big = format!("{mnt_s}/big");
+    let out = as_user(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "set -e; head -c 16777216 /dev/urandom > {exp_s}; cat {exp_s} > {big}; sync {big}"
+            ),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = settled();
+    assert_eq!(before["transport"], "io-uring", "{before}");
+    // Drop the file's cached pages (only its owner may open it), so the read goes to the server.
+    let out = as_user(
+        "python3",
+        &[
+            "-c",
+            "import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); \
+             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)",
+            &big,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = as_user("cmp", &[exp_s, &big]);
+    assert!(
+        out.status.success(),
+        "read back: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let after = settled();
+    assert!(count(&after, "ring") > count(&before, "ring"), "{after}");
+    let handed = count(&after, "worker") - count(&before, "worker");
+    assert!(
+        handed >= 8,
+        "16 MiB read back, {handed} requests handed to workers"
+    );
+    assert!(as_user(bin_s, &["umount", mnt_s]).status.success());
+    common::force_cleanup(&mnt);
+    common::assert_consistent(&db);
+}
