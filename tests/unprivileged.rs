@@ -296,16 +296,15 @@ fn an_ordinary_users_mount_keeps_long_writes_and_overwrites_in_place() {
     let bin_s = bin.to_str().unwrap();
     let (db_s, mnt_s) = (db.to_str().unwrap(), mnt.to_str().unwrap());
     let mount = || {
-        let out = user_command(bin_s, &["mount", db_s, mnt_s])
-            .env("AGENTFS_WAL_CHECKPOINT_PAGES", "64")
-            .env("AGENTFS_WAL_WRITEBACK_KIB", "256")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "user mount: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        user_mount(
+            bin_s,
+            db_s,
+            mnt_s,
+            &[
+                ("AGENTFS_WAL_CHECKPOINT_PAGES", "64"),
+                ("AGENTFS_WAL_WRITEBACK_KIB", "256"),
+            ],
+        )
     };
     mount();
     let _cleanup = UnmountOnDrop(mnt.clone());
@@ -347,6 +346,19 @@ fn an_ordinary_users_mount_keeps_long_writes_and_overwrites_in_place() {
     common::assert_consistent(&db);
 }
 
+/// Mount `db` at `mnt` as the test user, with `env` added to its environment.
+fn user_mount(bin: &str, db: &str, mnt: &str, env: &[(&str, &str)]) {
+    let out = user_command(bin, &["mount", db, mnt])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "user mount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// An ordinary user's mount is served over the ring when the kernel offers it: its requests
 /// arrive on the ring, a large file reads back intact after its cached pages were dropped,
 /// with the large READs handed to workers, and the ring's buffers hold only the pages used.
@@ -373,15 +385,7 @@ fn an_ordinary_users_ring_mount_reads_large_files_back() {
     let bin = common::bin();
     let bin_s = bin.to_str().unwrap();
     let (db_s, mnt_s) = (db.to_str().unwrap(), mnt.to_str().unwrap());
-    let out = user_command(bin_s, &["mount", db_s, mnt_s])
-        .env("AGENTFS_FUSE_URING", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "user mount: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    user_mount(bin_s, db_s, mnt_s, &[("AGENTFS_FUSE_URING", "1")]);
     let _cleanup = UnmountOnDrop(mnt.clone());
     // The user's server, as the user's `agentfs status --json` shows it.
     let record = || {
