@@ -551,7 +551,8 @@ impl Queue {
             };
             fill_reply(hdr, payload, d);
         };
-        let answered = if is_large_read(opcode, e.header.bytes()) {
+        let large_read = is_large_read(opcode, e.header.bytes());
+        let answered = if large_read {
             false
         } else if runs_inline(opcode) {
             here(shards.dispatcher());
@@ -584,7 +585,7 @@ impl Queue {
             };
             fill_reply(hdr, payload, d);
         });
-        if opcode == abi::Opcode::Read as u32 {
+        if large_read {
             shards.submit_any(job);
         } else {
             shards.submit(key, job);
