@@ -34,7 +34,7 @@ impl Entry {
 /// reference table is passed where an operation may drop an inode's last name or a reference.
 pub trait Filesystem: Send + Sync {
     fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Entry, Errno>;
-    /// The entry an unlink or rename is about to remove, without creating any state (for the
+    /// The entry a rename is about to replace, without creating any state (for the
     /// recent-victims bookkeeping).
     fn peek(&self, parent: Ino, name: &[u8]) -> Option<Entry>;
     fn getattr(&self, node: Ino) -> Result<Attr, Errno>;
@@ -59,7 +59,8 @@ pub trait Filesystem: Send + Sync {
         caller: Caller,
     ) -> Result<Entry, Errno>;
     fn link(&self, node: Ino, newparent: Ino, newname: &[u8]) -> Result<Entry, Errno>;
-    fn unlink(&self, parent: Ino, name: &[u8], refs: &LookupRefs) -> Result<(), Errno>;
+    /// Returns the node when it keeps other names (for the recent-victims bookkeeping).
+    fn unlink(&self, parent: Ino, name: &[u8], refs: &LookupRefs) -> Result<Option<Ino>, Errno>;
     fn rmdir(&self, parent: Ino, name: &[u8], refs: &LookupRefs) -> Result<(), Errno>;
     #[allow(clippy::too_many_arguments)]
     fn rename(
@@ -162,7 +163,7 @@ impl Filesystem for Store {
     fn link(&self, node: Ino, newparent: Ino, newname: &[u8]) -> Result<Entry, Errno> {
         Store::link(self, node, newparent, newname).map(Entry::plain)
     }
-    fn unlink(&self, parent: Ino, name: &[u8], refs: &LookupRefs) -> Result<(), Errno> {
+    fn unlink(&self, parent: Ino, name: &[u8], refs: &LookupRefs) -> Result<Option<Ino>, Errno> {
         Store::unlink(self, parent, name, refs)
     }
     fn rmdir(&self, parent: Ino, name: &[u8], refs: &LookupRefs) -> Result<(), Errno> {

@@ -410,14 +410,13 @@ impl Dispatcher {
             Operation::Mkdir { name, mode, .. } => name_ok(name)
                 .and_then(|n| self.fs.mkdir(ino, n, *mode, creator))
                 .map(|a| self.changed_entry(ino, a)),
-            Operation::Unlink { name } => {
-                let victim = self.fs.peek(ino, name);
-                self.fs.unlink(ino, name, &self.refs).map(|_| {
-                    self.note_victim(victim);
-                    self.listed_changed(&[ino]);
-                    empty()
-                })
-            }
+            Operation::Unlink { name } => self.fs.unlink(ino, name, &self.refs).map(|kept| {
+                if let Some(node) = kept {
+                    self.victims.record(node);
+                }
+                self.listed_changed(&[ino]);
+                empty()
+            }),
             Operation::Rmdir { name } => self.fs.rmdir(ino, name, &self.refs).map(|_| {
                 self.listed_changed(&[ino]);
                 empty()

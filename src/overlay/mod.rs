@@ -767,7 +767,7 @@ impl Filesystem for Overlay {
         Ok(self.delta_entry(a))
     }
 
-    fn unlink(&self, parent: Ino, name: &[u8], refs: &LookupRefs) -> Result<(), Errno> {
+    fn unlink(&self, parent: Ino, name: &[u8], refs: &LookupRefs) -> Result<Option<Ino>, Errno> {
         let _g = self.change.lock();
         let p = self.ensure_delta_locked(parent)?;
         let live = Live {
@@ -784,7 +784,8 @@ impl Filesystem for Overlay {
                     },
                     ..Effects::NONE
                 };
-                self.store.remove_fx(p, name, false, &live, &fx)
+                let kept = self.store.remove_fx(p, name, false, &live, &fx)?;
+                Ok(kept.map(|x| self.nodes.for_delta(x)))
             }
             (Presence::Base(st), Some(path)) => {
                 if is_dir(st.st_mode) {
@@ -793,7 +794,7 @@ impl Filesystem for Overlay {
                 self.store
                     .whiteout(p, &path, false, &BaseSeen::of_stat(&st))?;
                 self.nodes.unlinked(&path);
-                Ok(())
+                Ok(None)
             }
             _ => Err(Errno::ENOENT),
         }

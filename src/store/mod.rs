@@ -1165,8 +1165,14 @@ impl Store {
     }
 
     /// Remove a non-directory name (EISDIR on directories). If it was the last name, `live`
-    /// decides inside the transaction whether the rows stay as an orphan.
-    pub fn unlink(&self, parent: Ino, name: &[u8], live: &dyn Liveness) -> Result<(), Errno> {
+    /// decides inside the transaction whether the rows stay as an orphan. Returns the inode
+    /// when it keeps other names (a hard link lost one).
+    pub fn unlink(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        live: &dyn Liveness,
+    ) -> Result<Option<Ino>, Errno> {
         self.remove_fx(parent, name, false, live, &Effects::NONE)
     }
 
@@ -1181,9 +1187,11 @@ impl Store {
     /// Remove an empty directory: ENOTEMPTY, ENOTDIR, EINVAL for ".".
     pub fn rmdir(&self, parent: Ino, name: &[u8], live: &dyn Liveness) -> Result<(), Errno> {
         self.remove_fx(parent, name, true, live, &Effects::NONE)
+            .map(|_| ())
     }
 
-    /// unlink (`dir` false) or rmdir, with whiteout changes in the same transaction.
+    /// unlink (`dir` false) or rmdir, with whiteout changes in the same transaction. Returns
+    /// the inode when it is a non-directory that keeps other names.
     pub fn remove_fx(
         &self,
         parent: Ino,
@@ -1191,7 +1199,7 @@ impl Store {
         dir: bool,
         live: &dyn Liveness,
         fx: &Effects<'_>,
-    ) -> Result<(), Errno> {
+    ) -> Result<Option<Ino>, Errno> {
         let involved = self.named(&[(parent, name)]);
         let cfg = &self.config;
         let out = self.with_claims(
@@ -1200,18 +1208,17 @@ impl Store {
             false,
             |c, claims| {
                 let now = inode::now();
-                let victim = inode::dentry(c, parent, name).ok().flatten().map(|d| d.1);
-                namespace::remove(c, parent, name, dir, live, now)?;
+                let removed = namespace::remove(c, parent, name, dir, live, now)?;
                 overlay::apply_effects(c, fx, now)?;
                 commit_claims(c, cfg, claims)?;
-                Ok((victim, gone(c, victim)?))
+                Ok(removed)
             },
         );
         self.caches.entry_changed(parent, name);
-        let (victim, dead) = out?;
-        self.forget_inodes(&[victim]);
-        self.discard_dead(dead);
-        Ok(())
+        let removed = out?;
+        self.forget_inodes(&[Some(removed.ino)]);
+        self.discard_dead(removed.deleted.then_some(removed.ino));
+        Ok(removed.keeps_names.then_some(removed.ino))
     }
 
     /// rename/RENAME2 with the POSIX rules: same inode is a no-op; ENOTEMPTY, ENOTDIR, EISDIR
@@ -1272,10 +1279,7 @@ impl Store {
 
     /// Delete an orphan's rows if its nlink is 0 (no-op otherwise); call after the last FORGET.
     pub fn reap(&self, ino: Ino) -> Result<(), Errno> {
-        let tx = |c: &rusqlite::Connection| {
-            namespace::reap(c, ino)?;
-            gone(c, Some(ino))
-        };
+        let tx = |c: &rusqlite::Connection| Ok(namespace::reap(c, ino)?.then_some(ino));
         // It finishes an unlink the database already holds, so it runs also after a failed
         // commit (the orphan would otherwise outlive the mount).
         let out = match (&self.writer, self.failure.check()) {

@@ -1,6 +1,6 @@
 //! Namespace operations: each function runs inside the caller's single write transaction.
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 
 use super::inode::{
     attr_of, check_new_name, delete_rows, dentry, dir_meta, meta, parent_of_dir, sql_ino, touch_c,
@@ -180,17 +180,23 @@ pub fn link(
 /// Take one name away from `ino` (its dentry is already gone): decrement nlink and, when the
 /// last name went, either keep the rows as an orphan (the kernel still references it) or
 /// delete them now.
-fn drop_name(c: &Connection, ino: Ino, live: &dyn Liveness, now: Timespec) -> Result<(), Errno> {
+fn drop_name(
+    c: &Connection,
+    ino: Ino,
+    live: &dyn Liveness,
+    now: Timespec,
+) -> Result<(i64, bool), Errno> {
     let left: i64 = c
         .prepare_cached(
             "UPDATE fs_inode SET nlink = max(nlink - 1, 0), ctime = ?2, ctime_nsec = ?3
              WHERE ino = ?1 RETURNING nlink",
         )?
         .query_row((sql_ino(ino)?, now.sec, now.nsec), |r| r.get(0))?;
-    if left == 0 && !live.retain_orphan(ino) {
+    let dead = left == 0 && !live.retain_orphan(ino);
+    if dead {
         delete_rows(c, ino)?;
     }
-    Ok(())
+    Ok((left, dead))
 }
 
 fn has_children(c: &Connection, dir: Ino) -> Result<bool, Errno> {
@@ -213,6 +219,16 @@ fn check_lookup_name(name: &[u8]) -> Result<(), Errno> {
     Ok(())
 }
 
+/// What [`remove`] took away.
+pub struct Removed {
+    /// The inode the name led to.
+    pub ino: Ino,
+    /// A non-directory that keeps at least one other name.
+    pub keeps_names: bool,
+    /// Whether its rows were deleted (its last name, and nothing references it).
+    pub deleted: bool,
+}
+
 /// unlink (`dir` false) or rmdir (`dir` true).
 pub fn remove(
     c: &Connection,
@@ -221,7 +237,7 @@ pub fn remove(
     dir: bool,
     live: &dyn Liveness,
     now: Timespec,
-) -> Result<(), Errno> {
+) -> Result<Removed, Errno> {
     check_lookup_name(name)?;
     dir_meta(c, parent)?;
     if dir && name == b"." {
@@ -242,8 +258,13 @@ pub fn remove(
         _ => {}
     }
     delete_dentry(c, id)?;
-    drop_name(c, ino, live, now)?;
-    touch_mc(c, parent, now)
+    let (left, deleted) = drop_name(c, ino, live, now)?;
+    touch_mc(c, parent, now)?;
+    Ok(Removed {
+        ino,
+        keeps_names: left > 0 && !m.is_dir(),
+        deleted,
+    })
 }
 
 /// Whether `dir` is `anc` or lies below it (walks parents up to the root).
@@ -355,21 +376,24 @@ fn exchange(
     Ok(())
 }
 
-/// Delete an orphan's rows if it still has nlink 0 and no names; a no-op otherwise.
-pub fn reap(c: &Connection, ino: Ino) -> Result<(), Errno> {
+/// Delete an orphan's rows if it still has nlink 0 and no names; a no-op otherwise. Returns
+/// whether the inode is gone now (deleted here, or not there at all).
+pub fn reap(c: &Connection, ino: Ino) -> Result<bool, Errno> {
     if ino == Ino::ROOT {
-        return Ok(());
+        return Ok(false);
     }
-    let orphan: bool = c
+    let orphan: Option<bool> = c
         .prepare_cached(
-            "SELECT EXISTS(SELECT 1 FROM fs_inode WHERE ino = ?1 AND nlink = 0)
-                AND NOT EXISTS(SELECT 1 FROM fs_dentry WHERE ino = ?1)",
+            "SELECT nlink = 0 AND NOT EXISTS(SELECT 1 FROM fs_dentry WHERE ino = ?1)
+             FROM fs_inode WHERE ino = ?1",
         )?
-        .query_row([sql_ino(ino)?], |r| r.get(0))?;
-    if orphan {
-        delete_rows(c, ino)?;
+        .query_row([sql_ino(ino)?], |r| r.get(0))
+        .optional()?;
+    match orphan {
+        Some(true) => delete_rows(c, ino).map(|_| true),
+        Some(false) => Ok(false),
+        None => Ok(true),
     }
-    Ok(())
 }
 
 /// Every inode with nlink 0 (never the root), by the partial index `idx_fs_inode_orphan`.
@@ -385,9 +409,7 @@ pub fn orphans(c: &Connection) -> Result<Vec<Ino>, Errno> {
 pub fn reap_orphans(c: &Connection) -> Result<u64, Errno> {
     let mut n = 0;
     for ino in orphans(c)? {
-        let before = c.total_changes();
-        reap(c, ino)?;
-        if c.total_changes() != before {
+        if reap(c, ino)? {
             n += 1;
         }
     }

@@ -130,9 +130,14 @@ fn nlink_reporting_and_hard_links() {
     assert_eq!(db.link(f, Ino::ROOT, b"f2"), Err(Errno::EEXIST));
     assert_eq!(db.link(a, Ino::ROOT, b"a2"), Err(Errno::EPERM));
     assert_eq!(db.link(Ino(999), Ino::ROOT, b"zz"), Err(Errno::ENOENT));
-    db.unlink(a, b"f", &NoReferences).unwrap();
+    // An unlink names the inode it leaves with other names, and only that one.
+    assert_eq!(db.unlink(a, b"f", &NoReferences), Ok(Some(f)));
     assert_eq!(db.getattr(f).unwrap().nlink, 1);
     assert_eq!(db.read(f, 0, 1).unwrap(), b"");
+    let g = db.file(a, "g");
+    assert_eq!(db.unlink(a, b"g", &Keep), Ok(None));
+    assert_eq!(db.getattr(g).unwrap().nlink, 0);
+    db.reap(g).unwrap();
     db.rmdir(a, b"b", &NoReferences).unwrap();
     assert_eq!(db.getattr(a).unwrap().nlink, 3);
     db.assert_clean();
