@@ -80,6 +80,11 @@ fn fsync_dir(dir: &Path) {
 /// fdatasync, fsync and sync_file_range calls with the file each names (-y); None (a skip)
 /// without strace.
 fn traced(env: &[&str]) -> Option<(Mounted, tempfile::TempDir, PathBuf)> {
+    traced_calls(env, "fdatasync,fsync,sync_file_range")
+}
+
+/// [`traced`], logging the system calls `calls` (strace's comma-separated list).
+fn traced_calls(env: &[&str], calls: &str) -> Option<(Mounted, tempfile::TempDir, PathBuf)> {
     if Command::new("strace").arg("-V").output().is_err() {
         assert!(
             !agentfs::knobs::get().require_fuse,
@@ -91,18 +96,10 @@ fn traced(env: &[&str]) -> Option<(Mounted, tempfile::TempDir, PathBuf)> {
     let log_dir = tempfile::tempdir_in(common::scratch_root()).unwrap();
     let log = log_dir.path().join("strace.log");
     let log_s = log.to_str().unwrap().to_string();
+    let trace = format!("trace={calls}");
     let mut wrapper = vec!["env"];
     wrapper.extend_from_slice(env);
-    wrapper.extend_from_slice(&[
-        "strace",
-        "-f",
-        "-qq",
-        "-y",
-        "-e",
-        "trace=fdatasync,fsync,sync_file_range",
-        "-o",
-        &log_s,
-    ]);
+    wrapper.extend_from_slice(&["strace", "-f", "-qq", "-y", "-e", &trace, "-o", &log_s]);
     Some((Mounted::wrapped(&wrapper), log_dir, log))
 }
 
@@ -176,6 +173,44 @@ fn a_long_write_starts_the_wals_disk_writes_before_any_barrier() {
         m.unmount();
         m.mount();
         assert_eq!(fs::read(m.path("long")).unwrap(), data);
+        m.unmount();
+    }
+}
+
+/// The server's WAL frames reach the file in writes of many frames (`AGENTFS_WAL_GATHER`),
+/// not as SQLite's two writes per 4 KiB page, and read back whole after a remount.
+#[test]
+fn the_wals_frames_are_gathered_into_large_writes() {
+    if !fuse_or_skip("the_wals_frames_are_gathered_into_large_writes") {
+        return;
+    }
+    let pages = 2048; // 8 MiB of data: at least one WAL frame per 4 KiB.
+    for (gather, gathered) in [("1", true), ("0", false)] {
+        let knob = format!("AGENTFS_WAL_GATHER={gather}");
+        let Some((mut m, _log_dir, log)) = traced_calls(&[&knob], "pwrite64") else {
+            return;
+        };
+        let data = pattern(pages * 4096, 5);
+        let mut f = fs::File::create(m.path("gathered")).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        let writes = wal_calls(&log, "pwrite64");
+        eprintln!("{knob}: {writes} writes to the WAL for {pages} pages");
+        if gathered {
+            assert!(
+                writes * 8 <= pages,
+                "{writes} writes to the WAL for {pages} pages with {knob}"
+            );
+        } else {
+            assert!(
+                writes >= 2 * pages,
+                "{writes} writes to the WAL for {pages} pages with {knob}"
+            );
+        }
+        m.unmount();
+        m.mount();
+        assert_eq!(fs::read(m.path("gathered")).unwrap(), data);
         m.unmount();
     }
 }

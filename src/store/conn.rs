@@ -32,7 +32,28 @@ pub fn open(path: &Path, readonly: bool) -> rusqlite::Result<Connection> {
     } else {
         OpenFlags::SQLITE_OPEN_READ_WRITE
     };
-    let conn = Connection::open_with_flags(path, rw | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+    configure(Connection::open_with_flags(
+        path,
+        rw | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?)
+}
+
+/// The server's writer connection: [`open`] read-write, its WAL writes gathered
+/// (`crate::sys::walvfs`) unless `AGENTFS_WAL_GATHER` is off.
+fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
+    let gather = crate::knobs::get()
+        .wal_gather
+        .then(crate::sys::walvfs::register)
+        .flatten();
+    let Some(vfs) = gather else {
+        return open(path, false);
+    };
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    configure(Connection::open_with_flags_and_vfs(path, flags, vfs)?)
+}
+
+/// Busy timeout, memory limits and the statement cache of a new connection.
+fn configure(conn: Connection) -> rusqlite::Result<Connection> {
     let k = crate::knobs::get();
     conn.busy_timeout(Duration::from_millis(k.sqlite_busy_timeout_ms))?;
     // The SQLite share of the memory budget holds all connections together: it is the
@@ -143,7 +164,7 @@ impl Writer {
         policy: Option<NamespaceBatch>,
         failure: Arc<Failure>,
     ) -> rusqlite::Result<Writer> {
-        let conn = open(path, false)?;
+        let conn = open_writer(path)?;
         let k = crate::knobs::get();
         let _: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;

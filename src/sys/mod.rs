@@ -1,5 +1,5 @@
 //! Operating-system plumbing: mounting and unmounting FUSE filesystems, the mount table, locks,
-//! starting a file's writeback.
+//! starting a file's writeback, the SQLite VFS that gathers WAL writes.
 //! With `transport/`, this is the only home of `unsafe`.
 
 pub mod beneath;
@@ -15,4 +15,5 @@ pub mod registry;
 pub mod signals;
 pub mod space;
 pub mod stdio;
+pub mod walvfs;
 pub mod writeback;

@@ -1,0 +1,403 @@
+//! A SQLite VFS that gathers the write-ahead log's frames into large writes.
+//!
+//! SQLite writes each WAL frame as two `pwrite(2)` calls, its 24-byte header and then the page:
+//! a 256 MiB file costs 131,072 system calls and as many 4 KiB page-cache folios. This VFS is
+//! SQLite's default one except for the files it opens as a WAL: their contiguous writes collect
+//! in a buffer that goes to the file as one write when
+//! - the frame that commits a transaction (its header's database size is not zero) is complete,
+//!   so every committed frame is in the file before SQLite publishes the commit in the
+//!   wal-index, where other connections (readers, the checkpointer, Litestream) look;
+//! - SQLite reads, syncs, truncates, sizes, controls or closes the file, or a write does not
+//!   continue the buffer;
+//! - the buffer holds [`CAP`] bytes.
+//!
+//! Frames of a transaction still open (spilled pages) may wait in the buffer: no one else may
+//! read them, and a crash loses them as it loses the transaction. A failed write is reported
+//! to SQLite by the call that triggered it, and the buffer is dropped with it.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::OnceLock;
+
+use rusqlite::ffi;
+
+/// The name the VFS is registered under.
+pub const NAME: &CStr = c"agentfs-walbuf";
+
+/// Bytes a WAL buffer holds before it is written out: 30 frames of 4 KiB pages. The default
+/// VFS writes at most 128 KiB - 1 in one call (its unix write masks the length with 0x1ffff,
+/// so a larger write silently becomes a short one, which SQLite reports as a full disk).
+pub const CAP: usize = 124 * 1024;
+
+/// A WAL frame header's size; its bytes 4..8 hold the database size after a commit frame.
+const FRAME_HEADER: c_int = 24;
+
+/// The default VFS this one forwards to, and this one, once registered.
+struct Registered {
+    real: *mut ffi::sqlite3_vfs,
+}
+
+// SAFETY: SQLite's VFS objects are immutable after registration and thread-safe by contract;
+// the pointer is only read.
+unsafe impl Send for Registered {}
+// SAFETY: as above.
+unsafe impl Sync for Registered {}
+
+static VFS: OnceLock<Option<Registered>> = OnceLock::new();
+
+/// Register the VFS (once per process); its name, or None if SQLite has no default VFS to
+/// wrap or refused the registration.
+pub fn register() -> Option<&'static CStr> {
+    VFS.get_or_init(|| {
+        // SAFETY: sqlite3_vfs_find with NULL returns the default VFS or NULL; it is never freed.
+        let real = unsafe { ffi::sqlite3_vfs_find(std::ptr::null()) };
+        if real.is_null() {
+            return None;
+        }
+        // SAFETY: `real` is a valid, registered VFS (above). The copy keeps its methods and
+        // its pAppData, so every method but xOpen behaves exactly as the default VFS's.
+        let mut vfs: ffi::sqlite3_vfs = unsafe { *real };
+        let needed = c_int::try_from(std::mem::size_of::<WalFile>()).ok()?;
+        vfs.szOsFile = vfs.szOsFile.max(needed);
+        vfs.zName = NAME.as_ptr();
+        vfs.pNext = std::ptr::null_mut();
+        vfs.xOpen = Some(open);
+        let vfs: &'static mut ffi::sqlite3_vfs = Box::leak(Box::new(vfs));
+        // SAFETY: `vfs` lives for the rest of the process (leaked) and is fully initialised.
+        let rc = unsafe { ffi::sqlite3_vfs_register(vfs, 0) };
+        (rc == ffi::SQLITE_OK).then_some(Registered { real })
+    })
+    .as_ref()
+    .map(|_| NAME)
+}
+
+/// A WAL opened through this VFS: SQLite's handle, with the default VFS's handle behind it.
+#[repr(C)]
+struct WalFile {
+    base: ffi::sqlite3_file,
+    real: *mut ffi::sqlite3_file,
+    buf: *mut Buffer,
+}
+
+/// Writes not yet passed on: `data` belongs at offset `start` of the file.
+struct Buffer {
+    data: Vec<u8>,
+    start: i64,
+    /// The last write was the header of a commit frame: its page completes the commit.
+    commit_next: bool,
+}
+
+fn real_vfs() -> *mut ffi::sqlite3_vfs {
+    VFS.get()
+        .and_then(|r| r.as_ref())
+        .map_or(std::ptr::null_mut(), |r| r.real)
+}
+
+unsafe extern "C" fn open(
+    _vfs: *mut ffi::sqlite3_vfs,
+    name: ffi::sqlite3_filename,
+    file: *mut ffi::sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+) -> c_int {
+    let real = real_vfs();
+    // SAFETY: `real` was found registered at start-up; open is only reachable through the VFS
+    // registered then.
+    let Some(real_open) = (unsafe { real.as_ref() }).and_then(|v| v.xOpen) else {
+        return ffi::SQLITE_ERROR;
+    };
+    if flags & ffi::SQLITE_OPEN_WAL == 0 {
+        // SAFETY: `file` has szOsFile bytes, at least the default VFS's (see register).
+        return unsafe { real_open(real, name, file, flags, out_flags) };
+    }
+    // SAFETY: `real` is valid (above).
+    let size = unsafe { (*real).szOsFile };
+    let Ok(bytes) = u64::try_from(size) else {
+        return ffi::SQLITE_ERROR;
+    };
+    // SAFETY: sqlite3_malloc64 returns NULL or `bytes` of memory; it is zeroed before use.
+    let inner = unsafe { ffi::sqlite3_malloc64(bytes) }.cast::<ffi::sqlite3_file>();
+    if inner.is_null() {
+        // SAFETY: `file` is SQLite's handle memory; a NULL pMethods tells it nothing is open.
+        unsafe { (*file).pMethods = std::ptr::null() };
+        return ffi::SQLITE_NOMEM;
+    }
+    // SAFETY: `inner` has `size` bytes (above).
+    unsafe { std::ptr::write_bytes(inner.cast::<u8>(), 0, bytes as usize) };
+    // SAFETY: `inner` is a zeroed handle of the default VFS's size.
+    let rc = unsafe { real_open(real, name, inner, flags, out_flags) };
+    if rc != ffi::SQLITE_OK {
+        // SAFETY: the default VFS leaves a failed handle needing no close; `inner` is ours.
+        unsafe {
+            ffi::sqlite3_free(inner.cast());
+            (*file).pMethods = std::ptr::null();
+        }
+        return rc;
+    }
+    let buf = Box::into_raw(Box::new(Buffer {
+        data: Vec::with_capacity(CAP),
+        start: 0,
+        commit_next: false,
+    }));
+    // SAFETY: `file` has at least size_of::<WalFile>() bytes (register), suitably aligned by
+    // SQLite's allocator; it is written whole before SQLite uses it.
+    unsafe {
+        file.cast::<WalFile>().write(WalFile {
+            base: ffi::sqlite3_file {
+                pMethods: &WAL_METHODS,
+            },
+            real: inner,
+            buf,
+        })
+    };
+    ffi::SQLITE_OK
+}
+
+static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+    iVersion: 1,
+    xClose: Some(close),
+    xRead: Some(read),
+    xWrite: Some(write),
+    xTruncate: Some(truncate),
+    xSync: Some(sync),
+    xFileSize: Some(file_size),
+    xLock: Some(lock),
+    xUnlock: Some(unlock),
+    xCheckReservedLock: Some(check_reserved_lock),
+    xFileControl: Some(file_control),
+    xSectorSize: Some(sector_size),
+    xDeviceCharacteristics: Some(device_characteristics),
+    xShmMap: None,
+    xShmLock: None,
+    xShmBarrier: None,
+    xShmUnmap: None,
+    xFetch: None,
+    xUnfetch: None,
+};
+
+/// The WAL handle behind SQLite's `file` and its default-VFS handle's methods.
+///
+/// # Safety
+/// `file` must be a handle `open` initialised as a WAL and not yet closed.
+unsafe fn parts<'a>(
+    file: *mut ffi::sqlite3_file,
+) -> (
+    &'a mut Buffer,
+    *mut ffi::sqlite3_file,
+    &'a ffi::sqlite3_io_methods,
+) {
+    // SAFETY: per the contract, `file` is a live WalFile whose `real` handle was opened by the
+    // default VFS (so its pMethods is set) and whose `buf` is a live Box.
+    unsafe {
+        let w = &*file.cast::<WalFile>();
+        (&mut *w.buf, w.real, &*(*w.real).pMethods)
+    }
+}
+
+/// Pass the buffer on to the file behind it. The buffer is empty afterwards, whatever the
+/// outcome.
+///
+/// # Safety
+/// `real` must be the open default-VFS handle the buffer belongs to, `m` its methods.
+unsafe fn flush_to(
+    buf: &mut Buffer,
+    real: *mut ffi::sqlite3_file,
+    m: &ffi::sqlite3_io_methods,
+) -> c_int {
+    buf.commit_next = false;
+    if buf.data.is_empty() {
+        return ffi::SQLITE_OK;
+    }
+    let rc = match (c_int::try_from(buf.data.len()), m.xWrite) {
+        // SAFETY: `real` is open (contract); the bytes are valid for `len` during the call.
+        (Ok(len), Some(w)) => unsafe { w(real, buf.data.as_ptr().cast(), len, buf.start) },
+        _ => ffi::SQLITE_IOERR_WRITE,
+    };
+    buf.data.clear();
+    rc
+}
+
+/// [`flush_to`] for SQLite's handle.
+///
+/// # Safety
+/// As for [`parts`].
+unsafe fn flush(file: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: per the contract.
+    let (buf, real, m) = unsafe { parts(file) };
+    // SAFETY: `real` and `m` belong to `buf`'s handle.
+    unsafe { flush_to(buf, real, m) }
+}
+
+unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: SQLite closes a handle `open` initialised, once.
+    let rc = unsafe { flush(file) };
+    // SAFETY: as above; after this the handle is not used again.
+    unsafe {
+        let w = &mut *file.cast::<WalFile>();
+        let m = &*(*w.real).pMethods;
+        let closed = m.xClose.map_or(ffi::SQLITE_OK, |c| c(w.real));
+        ffi::sqlite3_free(w.real.cast());
+        drop(Box::from_raw(w.buf));
+        w.base.pMethods = std::ptr::null();
+        if rc != ffi::SQLITE_OK {
+            rc
+        } else {
+            closed
+        }
+    }
+}
+
+unsafe extern "C" fn write(
+    file: *mut ffi::sqlite3_file,
+    data: *const c_void,
+    amt: c_int,
+    offset: i64,
+) -> c_int {
+    let Ok(n) = usize::try_from(amt) else {
+        return ffi::SQLITE_IOERR_WRITE;
+    };
+    // SAFETY: SQLite calls this on an open handle.
+    let (buf, real, m) = unsafe { parts(file) };
+    let end = buf.start + buf.data.len() as i64;
+    if !buf.data.is_empty() && (offset != end || buf.data.len() + n > CAP) {
+        let commit_next = buf.commit_next;
+        // SAFETY: `real` and `m` belong to `buf`'s handle.
+        let rc = unsafe { flush_to(buf, real, m) };
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        buf.commit_next = commit_next;
+    }
+    if buf.data.is_empty() {
+        buf.start = offset;
+    }
+    // SAFETY: SQLite passes `amt` readable bytes at `data`, valid during the call.
+    let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), n) };
+    buf.data.extend_from_slice(bytes);
+    if buf.commit_next {
+        // This write is the page of a commit frame: the transaction's frames go out now.
+        // SAFETY: as above.
+        return unsafe { flush_to(buf, real, m) };
+    }
+    buf.commit_next = amt == FRAME_HEADER && bytes[4..8] != [0; 4];
+    ffi::SQLITE_OK
+}
+
+unsafe extern "C" fn read(
+    file: *mut ffi::sqlite3_file,
+    data: *mut c_void,
+    amt: c_int,
+    offset: i64,
+) -> c_int {
+    // SAFETY: SQLite calls this on an open handle.
+    let rc = unsafe { flush(file) };
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    // SAFETY: as above; the arguments are SQLite's own.
+    let (_, real, m) = unsafe { parts(file) };
+    match m.xRead {
+        // SAFETY: as above.
+        Some(f) => unsafe { f(real, data, amt, offset) },
+        None => ffi::SQLITE_IOERR_READ,
+    }
+}
+
+unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
+    // SAFETY: SQLite calls this on an open handle.
+    let rc = unsafe { flush(file) };
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    // SAFETY: as above.
+    let (_, real, m) = unsafe { parts(file) };
+    match m.xTruncate {
+        // SAFETY: as above.
+        Some(f) => unsafe { f(real, size) },
+        None => ffi::SQLITE_IOERR_TRUNCATE,
+    }
+}
+
+unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+    // SAFETY: SQLite calls this on an open handle.
+    let rc = unsafe { flush(file) };
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    // SAFETY: as above.
+    let (_, real, m) = unsafe { parts(file) };
+    match m.xSync {
+        // SAFETY: as above.
+        Some(f) => unsafe { f(real, flags) },
+        None => ffi::SQLITE_IOERR_FSYNC,
+    }
+}
+
+unsafe extern "C" fn file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
+    // SAFETY: SQLite calls this on an open handle.
+    let rc = unsafe { flush(file) };
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    // SAFETY: as above.
+    let (_, real, m) = unsafe { parts(file) };
+    match m.xFileSize {
+        // SAFETY: as above; `size` is SQLite's out pointer.
+        Some(f) => unsafe { f(real, size) },
+        None => ffi::SQLITE_IOERR_FSTAT,
+    }
+}
+
+unsafe extern "C" fn lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    // SAFETY: SQLite calls this on an open handle.
+    let (_, real, m) = unsafe { parts(file) };
+    // SAFETY: as above.
+    m.xLock
+        .map_or(ffi::SQLITE_OK, |f| unsafe { f(real, level) })
+}
+
+unsafe extern "C" fn unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    // SAFETY: SQLite calls this on an open handle.
+    let (_, real, m) = unsafe { parts(file) };
+    // SAFETY: as above.
+    m.xUnlock
+        .map_or(ffi::SQLITE_OK, |f| unsafe { f(real, level) })
+}
+
+unsafe extern "C" fn check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
+    // SAFETY: SQLite calls this on an open handle.
+    let (_, real, m) = unsafe { parts(file) };
+    // SAFETY: as above; `out` is SQLite's out pointer.
+    m.xCheckReservedLock
+        .map_or(ffi::SQLITE_OK, |f| unsafe { f(real, out) })
+}
+
+unsafe extern "C" fn file_control(
+    file: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: SQLite calls this on an open handle.
+    let rc = unsafe { flush(file) };
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    // SAFETY: as above.
+    let (_, real, m) = unsafe { parts(file) };
+    // SAFETY: as above; `arg` is whatever SQLite passes for `op`.
+    m.xFileControl
+        .map_or(ffi::SQLITE_NOTFOUND, |f| unsafe { f(real, op, arg) })
+}
+
+unsafe extern "C" fn sector_size(file: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: SQLite calls this on an open handle.
+    let (_, real, m) = unsafe { parts(file) };
+    // SAFETY: as above.
+    m.xSectorSize.map_or(4096, |f| unsafe { f(real) })
+}
+
+unsafe extern "C" fn device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: SQLite calls this on an open handle.
+    let (_, real, m) = unsafe { parts(file) };
+    // SAFETY: as above.
+    m.xDeviceCharacteristics.map_or(0, |f| unsafe { f(real) })
+}
