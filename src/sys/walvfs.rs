@@ -31,7 +31,7 @@ pub const CAP: usize = 124 * 1024;
 /// A WAL frame header's size; its bytes 4..8 hold the database size after a commit frame.
 const FRAME_HEADER: c_int = 24;
 
-/// The default VFS this one forwards to, and this one, once registered.
+/// The default VFS this one forwards to, once this one is registered.
 struct Registered {
     real: *mut ffi::sqlite3_vfs,
 }
@@ -126,8 +126,13 @@ unsafe extern "C" fn open(
     // SAFETY: `inner` is a zeroed handle of the default VFS's size.
     let rc = unsafe { real_open(real, name, inner, flags, out_flags) };
     if rc != ffi::SQLITE_OK {
-        // SAFETY: the default VFS leaves a failed handle needing no close; `inner` is ours.
+        // SAFETY: a failed open that left methods set still wants its close (SQLite's xOpen
+        // contract); `inner` is ours to free after it, and a NULL pMethods on `file` tells
+        // SQLite that nothing is open.
         unsafe {
+            if let Some(close) = (*inner).pMethods.as_ref().and_then(|m| m.xClose) {
+                close(inner);
+            }
             ffi::sqlite3_free(inner.cast());
             (*file).pMethods = std::ptr::null();
         }
@@ -257,6 +262,19 @@ unsafe extern "C" fn write(
     };
     // SAFETY: SQLite calls this on an open handle.
     let (buf, real, m) = unsafe { parts(file) };
+    if n >= CAP {
+        // Larger than any frame: written as it comes, after what is gathered.
+        // SAFETY: `real` and `m` belong to `buf`'s handle; the arguments are SQLite's own.
+        let rc = unsafe { flush_to(buf, real, m) };
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        return match m.xWrite {
+            // SAFETY: as above.
+            Some(w) => unsafe { w(real, data, amt, offset) },
+            None => ffi::SQLITE_IOERR_WRITE,
+        };
+    }
     let end = buf.start + buf.data.len() as i64;
     if !buf.data.is_empty() && (offset != end || buf.data.len() + n > CAP) {
         let commit_next = buf.commit_next;
@@ -400,4 +418,55 @@ unsafe extern "C" fn device_characteristics(file: *mut ffi::sqlite3_file) -> c_i
     let (_, real, m) = unsafe { parts(file) };
     // SAFETY: as above.
     m.xDeviceCharacteristics.map_or(0, |f| unsafe { f(real) })
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::{Connection, OpenFlags};
+
+    fn count(c: &Connection) -> i64 {
+        c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    /// Every committed transaction is visible to a connection of the default VFS as soon as
+    /// the commit returns, also one whose pages spilled to the WAL before it committed.
+    #[test]
+    fn committed_frames_are_in_the_file_when_the_commit_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let vfs = super::register().expect("the VFS registers");
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
+        let w = Connection::open_with_flags_and_vfs(&path, flags, vfs).unwrap();
+        let _: String = w
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .unwrap();
+        // As the server's writer: no sync at commit, so only the gathering's own flush puts a
+        // commit's frames in the file.
+        w.execute_batch("PRAGMA synchronous = NORMAL; CREATE TABLE t (x BLOB)")
+            .unwrap();
+        let r = Connection::open(&path).unwrap();
+        let blob = vec![7u8; 20 * 1024];
+        for i in 1..=40 {
+            w.execute("INSERT INTO t VALUES (?1)", [&blob]).unwrap();
+            assert_eq!(count(&r), i, "commit {i} not visible to another connection");
+        }
+        // A transaction larger than the writer's cache spills frames before its commit.
+        w.execute_batch("PRAGMA cache_size = 16").unwrap();
+        w.execute_batch("BEGIN").unwrap();
+        for _ in 0..100 {
+            w.execute("INSERT INTO t VALUES (?1)", [&blob]).unwrap();
+        }
+        assert_eq!(count(&r), 40, "an open transaction is not visible");
+        w.execute_batch("COMMIT").unwrap();
+        assert_eq!(count(&r), 140);
+        drop(r);
+        drop(w);
+        let again = Connection::open(&path).unwrap();
+        assert_eq!(count(&again), 140);
+        let ok: String = again
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(ok, "ok");
+    }
 }
