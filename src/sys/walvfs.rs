@@ -300,68 +300,64 @@ unsafe extern "C" fn write(
     ffi::SQLITE_OK
 }
 
+/// Flush the buffer, then make the call `forward` describes on the default VFS's handle; a
+/// flush failure is the call's result, as is `missing` when the method is absent.
+///
+/// # Safety
+/// As for [`parts`]; `forward` gets the open default-VFS handle and its methods.
+unsafe fn flushed(
+    file: *mut ffi::sqlite3_file,
+    missing: c_int,
+    forward: impl FnOnce(*mut ffi::sqlite3_file, &ffi::sqlite3_io_methods) -> Option<c_int>,
+) -> c_int {
+    // SAFETY: per the contract.
+    let rc = unsafe { flush(file) };
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    // SAFETY: per the contract.
+    let (_, real, m) = unsafe { parts(file) };
+    forward(real, m).unwrap_or(missing)
+}
+
 unsafe extern "C" fn read(
     file: *mut ffi::sqlite3_file,
     data: *mut c_void,
     amt: c_int,
     offset: i64,
 ) -> c_int {
-    // SAFETY: SQLite calls this on an open handle.
-    let rc = unsafe { flush(file) };
-    if rc != ffi::SQLITE_OK {
-        return rc;
-    }
-    // SAFETY: as above; the arguments are SQLite's own.
-    let (_, real, m) = unsafe { parts(file) };
-    match m.xRead {
-        // SAFETY: as above.
-        Some(f) => unsafe { f(real, data, amt, offset) },
-        None => ffi::SQLITE_IOERR_READ,
+    // SAFETY: SQLite calls this on an open handle with its own arguments, passed on as they are.
+    unsafe {
+        flushed(file, ffi::SQLITE_IOERR_READ, |real, m| {
+            m.xRead.map(|f| f(real, data, amt, offset))
+        })
     }
 }
 
 unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
-    // SAFETY: SQLite calls this on an open handle.
-    let rc = unsafe { flush(file) };
-    if rc != ffi::SQLITE_OK {
-        return rc;
-    }
-    // SAFETY: as above.
-    let (_, real, m) = unsafe { parts(file) };
-    match m.xTruncate {
-        // SAFETY: as above.
-        Some(f) => unsafe { f(real, size) },
-        None => ffi::SQLITE_IOERR_TRUNCATE,
+    // SAFETY: as in `read`.
+    unsafe {
+        flushed(file, ffi::SQLITE_IOERR_TRUNCATE, |real, m| {
+            m.xTruncate.map(|f| f(real, size))
+        })
     }
 }
 
 unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
-    // SAFETY: SQLite calls this on an open handle.
-    let rc = unsafe { flush(file) };
-    if rc != ffi::SQLITE_OK {
-        return rc;
-    }
-    // SAFETY: as above.
-    let (_, real, m) = unsafe { parts(file) };
-    match m.xSync {
-        // SAFETY: as above.
-        Some(f) => unsafe { f(real, flags) },
-        None => ffi::SQLITE_IOERR_FSYNC,
+    // SAFETY: as in `read`.
+    unsafe {
+        flushed(file, ffi::SQLITE_IOERR_FSYNC, |real, m| {
+            m.xSync.map(|f| f(real, flags))
+        })
     }
 }
 
 unsafe extern "C" fn file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
-    // SAFETY: SQLite calls this on an open handle.
-    let rc = unsafe { flush(file) };
-    if rc != ffi::SQLITE_OK {
-        return rc;
-    }
-    // SAFETY: as above.
-    let (_, real, m) = unsafe { parts(file) };
-    match m.xFileSize {
-        // SAFETY: as above; `size` is SQLite's out pointer.
-        Some(f) => unsafe { f(real, size) },
-        None => ffi::SQLITE_IOERR_FSTAT,
+    // SAFETY: as in `read`; `size` is SQLite's out pointer.
+    unsafe {
+        flushed(file, ffi::SQLITE_IOERR_FSTAT, |real, m| {
+            m.xFileSize.map(|f| f(real, size))
+        })
     }
 }
 
@@ -394,16 +390,12 @@ unsafe extern "C" fn file_control(
     op: c_int,
     arg: *mut c_void,
 ) -> c_int {
-    // SAFETY: SQLite calls this on an open handle.
-    let rc = unsafe { flush(file) };
-    if rc != ffi::SQLITE_OK {
-        return rc;
+    // SAFETY: as in `read`; `arg` is whatever SQLite passes for `op`.
+    unsafe {
+        flushed(file, ffi::SQLITE_NOTFOUND, |real, m| {
+            m.xFileControl.map(|f| f(real, op, arg))
+        })
     }
-    // SAFETY: as above.
-    let (_, real, m) = unsafe { parts(file) };
-    // SAFETY: as above; `arg` is whatever SQLite passes for `op`.
-    m.xFileControl
-        .map_or(ffi::SQLITE_NOTFOUND, |f| unsafe { f(real, op, arg) })
 }
 
 unsafe extern "C" fn sector_size(file: *mut ffi::sqlite3_file) -> c_int {
