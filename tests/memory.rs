@@ -280,9 +280,11 @@ fn idle_transport_threads_hand_back_their_buffer_tails() {
     if !common::fuse_or_skip(test) {
         return;
     }
+    // /dev/fuse threads' buffers, whatever the kernel's io_uring switch says.
     let m = Mounted::with_env(&[
         ("AGENTFS_MEMORY_IDLE_MS", "1000"),
         ("AGENTFS_FUSE_THREADS", "2"),
+        ("AGENTFS_FUSE_URING", "0"),
     ]);
     let pid = m.server_pid();
     let rec = common::settled_record(pid);

@@ -179,7 +179,7 @@ pub fn link(
 
 /// Take one name away from `ino` (its dentry is already gone): decrement nlink and, when the
 /// last name went, either keep the rows as an orphan (the kernel still references it) or
-/// delete them now.
+/// delete them now. Returns the names left and whether the rows were deleted.
 fn drop_name(
     c: &Connection,
     ino: Ino,
