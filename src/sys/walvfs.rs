@@ -208,7 +208,6 @@ unsafe fn flush_to(
     real: *mut ffi::sqlite3_file,
     m: &ffi::sqlite3_io_methods,
 ) -> c_int {
-    buf.commit_next = false;
     if buf.data.is_empty() {
         return ffi::SQLITE_OK;
     }
@@ -260,30 +259,24 @@ unsafe extern "C" fn write(
     let Ok(n) = usize::try_from(amt) else {
         return ffi::SQLITE_IOERR_WRITE;
     };
-    // SAFETY: SQLite calls this on an open handle.
-    let (buf, real, m) = unsafe { parts(file) };
     if n >= CAP {
         // Larger than any frame: written as it comes, after what is gathered.
-        // SAFETY: `real` and `m` belong to `buf`'s handle; the arguments are SQLite's own.
-        let rc = unsafe { flush_to(buf, real, m) };
-        if rc != ffi::SQLITE_OK {
-            return rc;
-        }
-        return match m.xWrite {
-            // SAFETY: as above.
-            Some(w) => unsafe { w(real, data, amt, offset) },
-            None => ffi::SQLITE_IOERR_WRITE,
+        // SAFETY: SQLite calls this on an open handle with its own arguments.
+        return unsafe {
+            flushed(file, ffi::SQLITE_IOERR_WRITE, |real, m| {
+                m.xWrite.map(|w| w(real, data, amt, offset))
+            })
         };
     }
+    // SAFETY: SQLite calls this on an open handle.
+    let (buf, real, m) = unsafe { parts(file) };
     let end = buf.start + buf.data.len() as i64;
     if !buf.data.is_empty() && (offset != end || buf.data.len() + n > CAP) {
-        let commit_next = buf.commit_next;
         // SAFETY: `real` and `m` belong to `buf`'s handle.
         let rc = unsafe { flush_to(buf, real, m) };
         if rc != ffi::SQLITE_OK {
             return rc;
         }
-        buf.commit_next = commit_next;
     }
     if buf.data.is_empty() {
         buf.start = offset;
@@ -293,6 +286,7 @@ unsafe extern "C" fn write(
     buf.data.extend_from_slice(bytes);
     if buf.commit_next {
         // This write is the page of a commit frame: the transaction's frames go out now.
+        buf.commit_next = false;
         // SAFETY: as above.
         return unsafe { flush_to(buf, real, m) };
     }
