@@ -1,4 +1,4 @@
-//! Scheduling priority of one thread.
+//! Scheduling priority and placement of one thread.
 
 /// The calling thread's nice value.
 pub fn this_thread() -> std::io::Result<i32> {
@@ -25,6 +25,13 @@ pub fn lower_this_thread(nice: i32) -> std::io::Result<()> {
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// Keep the calling thread on CPU `cpu` (only this thread, not its process).
+pub fn pin_this_thread(cpu: usize) -> std::io::Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).map_err(std::io::Error::from)?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(std::io::Error::from)
 }
 
 /// The nice value of thread `tid` of this process (field 19 of its stat line).

@@ -415,7 +415,11 @@ impl Queue {
     /// Serve this queue until the connection ends. Runs on the queue's own thread, which is
     /// the only one that touches the ring; workers run the requests.
     pub fn serve(mut self, fd: RawFd, shards: &Shards, stats: &RingStats) {
-        pin_to_cpu(self.qid as usize);
+        // So its ring's completions run where its requests come from. Failure (an offline
+        // CPU) only costs speed.
+        if let Err(e) = crate::sys::priority::pin_this_thread(self.qid as usize) {
+            tracing::debug!("queue {}: not pinned to its CPU: {e}", self.qid);
+        }
         if let Err(e) = self.arm_done() {
             tracing::error!("queue {}: cannot arm its eventfd: {e}", self.qid);
             return;
@@ -645,17 +649,6 @@ fn fill_reply(hdr: &mut [u8], payload: &mut [u8], dispatcher: &Dispatcher) {
         ..Default::default()
     };
     hdr[ENT_OFFSET..HEADER_SIZE].copy_from_slice(ent.as_bytes());
-}
-
-/// Pin the calling thread to one CPU, so its ring's completions run where its requests come from.
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it; sched_setaffinity(0) applies
-    // to this thread only. Failure (e.g. an offline CPU) is harmless.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
 }
 
 /// Start one pinned thread per queue.
