@@ -17,6 +17,8 @@ knob_table! {
         "Threads reading requests from /dev/fuse; each has its own SQLite read connection.";
     fuse_uring: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_URING",
         "Serve requests over FUSE-over-io_uring when the kernel offers it (enable_uring=Y); /dev/fuse stays the fallback.";
+    fuse_forget_pause_us: U64 = 2000, [0, 100000], Policy, "AGENTFS_FUSE_FORGET_PAUSE_US",
+        "While the ring serves requests, how long a /dev/fuse thread waits after a FORGET before it reads again, so the kernel hands the forgets that arrive meanwhile over as one BATCH_FORGET (0 = read again at once).";
     fuse_uring_depth: U64 = 8, [1, 256], Policy, "AGENTFS_FUSE_URING_DEPTH",
         "Most ring entries per queue (one queue per possible CPU); each entry holds a max_write-sized buffer, so the depth used is what the transport's quarter of AGENTFS_MEMORY_BUDGET_MIB holds (at least 1, at most this).";
     fuse_noopen: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOOPEN",

@@ -154,3 +154,63 @@ fn status_counters_match_a_known_workload() {
         );
     }
 }
+
+/// Inodes with no link left, as committed.
+fn orphans(db: &std::path::Path) -> i64 {
+    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .unwrap();
+    c.query_row("SELECT count(*) FROM fs_inode WHERE nlink = 0", [], |r| {
+        r.get(0)
+    })
+    .unwrap()
+}
+
+/// On a ring mount the kernel sends FORGETs over /dev/fuse, one per unlinked inode as it
+/// evicts it. The /dev/fuse threads pause after each (`AGENTFS_FUSE_FORGET_PAUSE_US`), so the
+/// forgets of a run of unlinks arrive as a few BATCH_FORGETs, and every unlinked inode's rows
+/// are still deleted.
+#[test]
+fn forgets_of_unlinked_files_arrive_in_batches_on_the_ring() {
+    if !fuse_or_skip("forgets_of_unlinked_files_arrive_in_batches_on_the_ring") {
+        return;
+    }
+    let Some(_param) = UringParam::set("Y") else {
+        eprintln!("SKIP: enable_uring is not writable");
+        return;
+    };
+    const FILES: u64 = 1000;
+    let m = Mounted::with_env(&[("AGENTFS_FUSE_URING", "1")]);
+    let pid = m.server_pid();
+    fs::create_dir(m.path("d")).unwrap();
+    for i in 0..FILES {
+        fs::write(m.path(&format!("d/{i}")), b"z").unwrap();
+    }
+    let before = common::settled_record(pid);
+    assert_eq!(before.transport, "io-uring");
+    for i in 0..FILES {
+        fs::remove_file(m.path(&format!("d/{i}"))).unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while orphans(&m.db) != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} unlinked inodes were never reaped",
+            orphans(&m.db)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let after = common::settled_record(pid);
+    let (_, d, forgets) = delta(&before, &after);
+    assert_eq!(d, 0, "requests served over /dev/fuse");
+    assert!(
+        (1..=FILES / 4).contains(&forgets),
+        "{FILES} unlinked inodes were forgotten in {forgets} requests"
+    );
+    let c =
+        rusqlite::Connection::open_with_flags(&m.db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let inodes: i64 = c
+        .query_row("SELECT count(*) FROM fs_inode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(inodes, 2, "the root and d are all that is left");
+}

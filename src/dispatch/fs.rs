@@ -72,8 +72,9 @@ pub trait Filesystem: Send + Sync {
         flags: RenameFlags,
         refs: &LookupRefs,
     ) -> Result<(), Errno>;
-    /// The kernel returned `n` references to `node`.
-    fn forget(&self, node: Ino, n: u64, refs: &LookupRefs);
+    /// The kernel returned `n` references to each `node` (one FORGET, or a BATCH_FORGET's
+    /// list). The orphans it released are reaped together, in one transaction.
+    fn forget(&self, nodes: &[(Ino, u64)], refs: &LookupRefs);
     /// Another process removed names (`agentfs fs rm` leaves the inodes as orphans): keep the
     /// orphans the kernel references until their last FORGET, reap the others now.
     fn adopt_orphans(&self, refs: &LookupRefs) -> Result<(), Errno>;
@@ -180,20 +181,20 @@ impl Filesystem for Store {
     ) -> Result<(), Errno> {
         Store::rename(self, parent, name, newparent, newname, flags, refs)
     }
-    fn forget(&self, node: Ino, n: u64, refs: &LookupRefs) {
-        if refs.forget(node, n).orphan_released {
-            if let Err(e) = Store::reap(self, node) {
-                tracing::error!("reaping orphan inode {} failed: {e}", node.0);
-            }
+    fn forget(&self, nodes: &[(Ino, u64)], refs: &LookupRefs) {
+        let released: Vec<Ino> = nodes
+            .iter()
+            .filter(|&&(node, n)| refs.forget(node, n).orphan_released)
+            .map(|&(node, _)| node)
+            .collect();
+        if let Err(e) = Store::reap(self, &released) {
+            tracing::error!("reaping {} orphan inodes failed: {e}", released.len());
         }
     }
     fn adopt_orphans(&self, refs: &LookupRefs) -> Result<(), Errno> {
-        for ino in Store::orphans(self)? {
-            if !refs.retain_orphan(ino) {
-                Store::reap(self, ino)?;
-            }
-        }
-        Ok(())
+        let mut unreferenced = Store::orphans(self)?;
+        unreferenced.retain(|&ino| !refs.retain_orphan(ino));
+        Store::reap(self, &unreferenced)
     }
     fn read(&self, node: Ino, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
         Store::read(self, node, offset, size)

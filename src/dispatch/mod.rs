@@ -379,13 +379,12 @@ impl Dispatcher {
                 Ok(Reply::Data(Vec::new()))
             }
             Operation::Forget { nlookup } => {
-                self.forget(ino, *nlookup);
+                self.fs.forget(&[(ino, *nlookup)], &self.refs);
                 Ok(Reply::None)
             }
             Operation::BatchForget { nodes } => {
-                for (node, n) in nodes.iter() {
-                    self.forget(Ino(node), n);
-                }
+                let nodes: Vec<(Ino, u64)> = nodes.iter().map(|(n, c)| (Ino(n), c)).collect();
+                self.fs.forget(&nodes, &self.refs);
                 Ok(Reply::None)
             }
             Operation::Interrupt { .. } => Ok(Reply::None),
@@ -541,10 +540,6 @@ impl Dispatcher {
             },
             ..Default::default()
         }
-    }
-
-    fn forget(&self, node: Ino, n: u64) {
-        self.fs.forget(node, n, &self.refs);
     }
 
     /// [`Dispatcher::entry`] for a name just made in `parent`.

@@ -458,15 +458,17 @@ impl Overlay {
         if let Some(target) = self.nodes.release(node, n) {
             self.base.close(node);
             if let Target::Delta(x) = target {
-                self.reap(x);
+                self.reap(&[x]);
             }
         }
     }
 
-    fn reap(&self, x: Ino) {
-        self.partial.forget(x);
-        if let Err(e) = self.store.reap(x) {
-            tracing::error!("reaping orphan inode {} failed: {e}", x.0);
+    fn reap(&self, xs: &[Ino]) {
+        for &x in xs {
+            self.partial.forget(x);
+        }
+        if let Err(e) = self.store.reap(xs) {
+            tracing::error!("reaping {} orphan inodes failed: {e}", xs.len());
         }
     }
 
@@ -940,13 +942,17 @@ impl Filesystem for Overlay {
         Ok(())
     }
 
-    fn forget(&self, node: Ino, n: u64, refs: &LookupRefs) {
-        let f = refs.forget(node, n);
-        if node.0 & nodes::VIRTUAL != 0 {
-            self.release(node, n);
-        } else if f.orphan_released {
-            self.reap(node);
+    fn forget(&self, forgotten: &[(Ino, u64)], refs: &LookupRefs) {
+        let mut released = Vec::new();
+        for &(node, n) in forgotten {
+            let f = refs.forget(node, n);
+            if node.0 & nodes::VIRTUAL != 0 {
+                self.release(node, n);
+            } else if f.orphan_released {
+                released.push(node);
+            }
         }
+        self.reap(&released);
     }
 
     fn adopt_orphans(&self, refs: &LookupRefs) -> Result<(), Errno> {
@@ -957,11 +963,9 @@ impl Filesystem for Overlay {
             refs,
             nodes: &self.nodes,
         };
-        for x in self.store.orphans()? {
-            if !live.retain_orphan(x) {
-                self.reap(x);
-            }
-        }
+        let mut unreferenced = self.store.orphans()?;
+        unreferenced.retain(|&x| !live.retain_orphan(x));
+        self.reap(&unreferenced);
         Ok(())
     }
 

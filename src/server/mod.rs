@@ -204,13 +204,15 @@ impl Prepared {
         );
         ready.ready(&mnt);
 
+        let forget_pause = (ring_queues > 0 && knobs.fuse_forget_pause_us > 0)
+            .then(|| std::time::Duration::from_micros(knobs.fuse_forget_pause_us));
         for i in 0..threads {
             let chan = chan.clone();
             let d = dispatcher.clone();
             let sh = shards.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("fuse-{i}"))
-                .spawn(move || devfuse::serve_loop(&chan, &sh, &d, buf_size));
+                .spawn(move || devfuse::serve_loop(&chan, &sh, &d, buf_size, forget_pause));
             match spawned {
                 Ok(h) => workers.push(h),
                 Err(e) => tracing::error!("cannot start transport thread {i}: {e}"),

@@ -1277,17 +1277,33 @@ impl Store {
         Ok(())
     }
 
-    /// Delete an orphan's rows if its nlink is 0 (no-op otherwise); call after the last FORGET.
-    pub fn reap(&self, ino: Ino) -> Result<(), Errno> {
-        let tx = |c: &rusqlite::Connection| Ok(namespace::reap(c, ino)?.then_some(ino));
+    /// Delete the rows of each of `inos` whose nlink is 0 (the others are left alone), all in
+    /// one transaction; call after the last FORGET.
+    pub fn reap(&self, inos: &[Ino]) -> Result<(), Errno> {
+        if inos.is_empty() {
+            return Ok(());
+        }
+        let tx = |c: &rusqlite::Connection| {
+            let mut dead = Vec::with_capacity(inos.len());
+            for &ino in inos {
+                if namespace::reap(c, ino)? {
+                    dead.push(ino);
+                }
+            }
+            Ok(dead)
+        };
         // It finishes an unlink the database already holds, so it runs also after a failed
         // commit (the orphan would otherwise outlive the mount).
         let out = match (&self.writer, self.failure.check()) {
             (Some(w), Err(_)) => w.transact_alone(tx),
             _ => self.write_tx(tx),
         };
-        self.forget_inodes(&[Some(ino)]);
-        self.discard_dead(out?);
+        for &ino in inos {
+            self.forget_inodes(&[Some(ino)]);
+        }
+        for ino in out? {
+            self.discard_dead(Some(ino));
+        }
         Ok(())
     }
 

@@ -278,15 +278,26 @@ fn answer(chan: &Channel, dispatcher: &Dispatcher, msg: &[u8]) {
 /// A request larger than [`KEEP_RESIDENT`] (a large WRITE) leaves the buffer's tail resident
 /// until the server has been idle ([`Channel::release_idle_buffers`]), so an idle server does
 /// not hold a max_write buffer per thread.
+///
+/// `forget_pause`: set when the ring serves the requests and /dev/fuse only carries FORGETs
+/// and INTERRUPTs. After a FORGET the thread waits that long before it reads again, so the
+/// kernel queues the forgets meanwhile and hands them over as one BATCH_FORGET: one wake-up
+/// and one read for many inodes instead of one each. The first other request (the kernel
+/// fell back to /dev/fuse) ends the pauses for good.
 pub fn serve_loop(
     chan: &Arc<Channel>,
     shards: &Arc<Shards>,
     dispatcher: &Dispatcher,
     buf_size: usize,
+    mut forget_pause: Option<std::time::Duration>,
 ) {
     let mut reader = Reader::new(chan);
     let mut buf = vec![0u8; buf_size];
+    let mut forgot = false;
     loop {
+        if let (true, Some(pause)) = (std::mem::take(&mut forgot), forget_pause) {
+            std::thread::sleep(pause);
+        }
         let n = match reader.receive(&mut buf) {
             Ok(Received::Request(n)) => n,
             Ok(Received::Gone) | Ok(Received::Interrupted) => return,
@@ -297,7 +308,16 @@ pub fn serve_loop(
         };
         reader.filled(n);
         let msg = &buf[..n];
-        let key = match protocol::decode(msg) {
+        let decoded = protocol::decode(msg);
+        if let Ok(req) = &decoded {
+            use crate::abi::Opcode as O;
+            match O::from_u32(req.header.opcode) {
+                Some(O::Forget | O::BatchForget) => forgot = true,
+                Some(O::Interrupt) => {}
+                _ => forget_pause = None,
+            }
+        }
+        let key = match decoded {
             Ok(req) if runs_inline(req.header.opcode) => {
                 answer(chan, dispatcher, msg);
                 continue;

@@ -79,7 +79,7 @@ fn unlinked_and_reaped_inodes_lose_their_pending_bytes() {
     db.write(g, 0, &pattern(50_000, 5)).unwrap();
     db.unlink(Ino::ROOT, b"orphan", &Keep).unwrap();
     assert!(db.all(g) == pattern(50_000, 5), "still readable while open");
-    db.reap(g).unwrap();
+    db.reap(&[g]).unwrap();
     assert_eq!(db.pending_bytes(), 0);
     db.sync().unwrap();
     assert_eq!(db.q("SELECT count(*) FROM fs_data"), 0);

@@ -137,7 +137,7 @@ fn nlink_reporting_and_hard_links() {
     let g = db.file(a, "g");
     assert_eq!(db.unlink(a, b"g", &Keep), Ok(None));
     assert_eq!(db.getattr(g).unwrap().nlink, 0);
-    db.reap(g).unwrap();
+    db.reap(&[g]).unwrap();
     db.rmdir(a, b"b", &NoReferences).unwrap();
     assert_eq!(db.getattr(a).unwrap().nlink, 3);
     db.assert_clean();
@@ -216,7 +216,7 @@ fn an_unnamed_file_can_be_named() {
     db.write(t.ino, 0, b"tmp").unwrap();
     let a = db.link(t.ino, Ino::ROOT, b"named").unwrap();
     assert_eq!(a.nlink, 1);
-    db.reap(t.ino).unwrap();
+    db.reap(&[t.ino]).unwrap();
     assert_eq!(db.lookup(Ino::ROOT, b"named").unwrap().ino, t.ino);
     assert_eq!(db.read(t.ino, 0, 10).unwrap(), b"tmp");
     db.assert_clean();
@@ -238,11 +238,10 @@ fn orphans_are_retained_then_reaped() {
     let findings = db.check().unwrap();
     assert_eq!(findings.len(), 1);
     assert_eq!(findings[0].rule, "orphan");
-    // reap of a live inode is a no-op.
+    // Reaped together with a live inode: the orphan goes, the live one stays.
     let g = db.file(Ino::ROOT, "g");
-    db.reap(g).unwrap();
+    db.reap(&[g, f]).unwrap();
     assert!(db.getattr(g).is_ok());
-    db.reap(f).unwrap();
     assert_eq!(db.getattr(f), Err(Errno::ENOENT));
     assert_eq!(db.q("SELECT count(*) FROM fs_data"), 0);
     assert_eq!(db.q("SELECT count(*) FROM fs_xattr"), 0);
