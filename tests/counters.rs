@@ -214,3 +214,30 @@ fn forgets_of_unlinked_files_arrive_in_batches_on_the_ring() {
         .unwrap();
     assert_eq!(inodes, 2, "the root and d are all that is left");
 }
+
+/// An orphan whose FORGET the kernel still held when the connection ended (here: paused for
+/// the longest the knob allows, so the unmount comes first) is reaped as the server shuts
+/// down, not left to the next mount: the database is clean once `agentfs umount` returns.
+#[test]
+fn orphans_whose_forget_never_came_are_reaped_at_unmount() {
+    if !fuse_or_skip("orphans_whose_forget_never_came_are_reaped_at_unmount") {
+        return;
+    }
+    let Some(_param) = UringParam::set("Y") else {
+        eprintln!("SKIP: enable_uring is not writable");
+        return;
+    };
+    let mut m = Mounted::with_env(&[
+        ("AGENTFS_FUSE_URING", "1"),
+        ("AGENTFS_FUSE_FORGET_PAUSE_US", "100000"),
+    ]);
+    for i in 0..20 {
+        fs::write(m.path(&format!("{i}")), b"z").unwrap();
+    }
+    for i in 0..20 {
+        fs::remove_file(m.path(&format!("{i}"))).unwrap();
+    }
+    m.unmount();
+    assert_eq!(orphans(&m.db), 0, "orphans left after the unmount");
+    common::assert_consistent(&m.db);
+}

@@ -266,9 +266,17 @@ impl Prepared {
         if let Some(t) = reporter_thread {
             let _ = t.join();
         }
-        // The connection is gone: every request has been answered. Make it all durable, hand free
-        // pages back, and fold the WAL into the main file, also after a failed commit (the
-        // database is consistent).
+        // The connection is gone, and with it every reference the kernel held: an orphan whose
+        // last FORGET was still queued in the kernel (or paused, see `serve_loop`) goes now,
+        // not at the next mount.
+        if store.failure().summary().is_none() {
+            match store.reap_orphans() {
+                Ok(_) | Err(crate::errno::Errno::EROFS) => {}
+                Err(e) => tracing::warn!("reaping orphans at unmount: {e}"),
+            }
+        }
+        // Every request has been answered. Make it all durable, hand free pages back, and fold
+        // the WAL into the main file, also after a failed commit (the database is consistent).
         let synced = store.sync();
         let checkpointed = match &synced {
             Ok(()) if store.failure().summary().is_none() => store
