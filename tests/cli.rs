@@ -486,17 +486,6 @@ fn a_mount_point_with_entries_needs_nonempty() {
     assert_eq!(fs::read(m.path("hidden")).unwrap(), b"under the mount");
 }
 
-fn orphans(db: &Path) -> i64 {
-    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .unwrap();
-    c.query_row(
-        "SELECT count(*) FROM fs_inode WHERE nlink = 0 AND ino != 1",
-        [],
-        |r| r.get(0),
-    )
-    .unwrap()
-}
-
 #[test]
 fn offline_rm_while_mounted_keeps_an_open_file_until_its_close() {
     if !fuse_or_skip("offline_rm_while_mounted_keeps_an_open_file_until_its_close") {
@@ -525,9 +514,11 @@ fn offline_rm_while_mounted_keeps_an_open_file_until_its_close() {
         b"still readable",
         "the open file keeps its bytes"
     );
-    assert_eq!(orphans(&m.db), 1, "kept as an orphan while open");
+    assert_eq!(common::orphans(&m.db), 1, "kept as an orphan while open");
     drop(f);
-    wait_until("the server reaps the orphan", || orphans(&m.db) == 0);
+    wait_until("the server reaps the orphan", || {
+        common::orphans(&m.db) == 0
+    });
     m.unmount();
     common::assert_consistent(&m.db);
 }

@@ -155,16 +155,6 @@ fn status_counters_match_a_known_workload() {
     }
 }
 
-/// Inodes with no link left, as committed.
-fn orphans(db: &std::path::Path) -> i64 {
-    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .unwrap();
-    c.query_row("SELECT count(*) FROM fs_inode WHERE nlink = 0", [], |r| {
-        r.get(0)
-    })
-    .unwrap()
-}
-
 /// On a ring mount the kernel sends FORGETs over /dev/fuse, one per unlinked inode as it
 /// evicts it. The /dev/fuse threads pause after each (`AGENTFS_FUSE_FORGET_PAUSE_US`), so the
 /// forgets of a run of unlinks arrive as a few BATCH_FORGETs, and every unlinked inode's rows
@@ -191,11 +181,11 @@ fn forgets_of_unlinked_files_arrive_in_batches_on_the_ring() {
         fs::remove_file(m.path(&format!("d/{i}"))).unwrap();
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while orphans(&m.db) != 0 {
+    while common::orphans(&m.db) != 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "{} unlinked inodes were never reaped",
-            orphans(&m.db)
+            common::orphans(&m.db)
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
@@ -238,6 +228,6 @@ fn orphans_whose_forget_never_came_are_reaped_at_unmount() {
         fs::remove_file(m.path(&format!("{i}"))).unwrap();
     }
     m.unmount();
-    assert_eq!(orphans(&m.db), 0, "orphans left after the unmount");
+    assert_eq!(common::orphans(&m.db), 0, "orphans left after the unmount");
     common::assert_consistent(&m.db);
 }

@@ -59,16 +59,6 @@ fn link_open(f: &fs::File, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Inodes with nlink 0 in the mounted database (committed state).
-fn orphans(db: &Path) -> i64 {
-    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .unwrap();
-    c.query_row("SELECT count(*) FROM fs_inode WHERE nlink = 0", [], |r| {
-        r.get(0)
-    })
-    .unwrap()
-}
-
 /// Write, read back, name it with linkat, and find the content after a remount.
 fn tmpfile_round_trip(m: &mut Mounted, dir: &str) {
     let mut f = tmpfile(&m.path(dir)).expect("O_TMPFILE");
@@ -125,10 +115,14 @@ fn an_unlinked_tmpfile_leaves_no_row_after_close() {
     let mut f = tmpfile(&m.mnt).expect("O_TMPFILE");
     f.write_all(&vec![7u8; 300_000]).unwrap();
     f.sync_all().unwrap();
-    assert_eq!(orphans(&m.db), 1, "the open tmpfile is an orphan row");
+    assert_eq!(
+        common::orphans(&m.db),
+        1,
+        "the open tmpfile is an orphan row"
+    );
     drop(f);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while orphans(&m.db) != 0 {
+    while common::orphans(&m.db) != 0 {
         assert!(
             Instant::now() < deadline,
             "the closed tmpfile was not reaped"

@@ -303,6 +303,18 @@ pub fn scratch_root() -> PathBuf {
     root
 }
 
+/// Inodes with no link left (never the root), as committed: what the server still has to reap.
+pub fn orphans(db: &Path) -> i64 {
+    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .expect("open db read-only");
+    c.query_row(
+        "SELECT count(*) FROM fs_inode WHERE nlink = 0 AND ino != 1",
+        [],
+        |r| r.get(0),
+    )
+    .expect("count orphans")
+}
+
 /// `PRAGMA integrity_check` and our consistency checker on a database that is not mounted.
 pub fn assert_consistent(db: &Path) {
     let conn = rusqlite::Connection::open(db).expect("open db");
