@@ -27,15 +27,17 @@ const STATEMENT_CACHE: usize = 96;
 /// Open a connection with the settings every connection shares (busy timeout, cache size,
 /// statement cache) taken from the knobs.
 pub fn open(path: &Path, readonly: bool) -> rusqlite::Result<Connection> {
+    configure(Connection::open_with_flags(path, open_flags(readonly))?)
+}
+
+/// How every connection is opened: read-only or read-write, each used by one thread at a time.
+fn open_flags(readonly: bool) -> OpenFlags {
     let rw = if readonly {
         OpenFlags::SQLITE_OPEN_READ_ONLY
     } else {
         OpenFlags::SQLITE_OPEN_READ_WRITE
     };
-    configure(Connection::open_with_flags(
-        path,
-        rw | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?)
+    rw | OpenFlags::SQLITE_OPEN_NO_MUTEX
 }
 
 /// The server's writer connection: [`open`] read-write, its WAL writes gathered
@@ -45,11 +47,14 @@ fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
         .wal_gather
         .then(crate::sys::walvfs::register)
         .flatten();
-    let Some(vfs) = gather else {
-        return open(path, false);
-    };
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    configure(Connection::open_with_flags_and_vfs(path, flags, vfs)?)
+    match gather {
+        Some(vfs) => configure(Connection::open_with_flags_and_vfs(
+            path,
+            open_flags(false),
+            vfs,
+        )?),
+        None => open(path, false),
+    }
 }
 
 /// Busy timeout, memory limits and the statement cache of a new connection.

@@ -1158,9 +1158,11 @@ impl Store {
     }
 
     /// Drop the pending bytes of an inode a transaction just deleted.
-    fn discard_dead(&self, dead: Option<Ino>) {
-        if let (Some(b), Some(ino)) = (&self.batch, dead) {
-            b.discard(ino);
+    fn discard_dead(&self, dead: impl IntoIterator<Item = Ino>) {
+        if let Some(b) = &self.batch {
+            for ino in dead {
+                b.discard(ino);
+            }
         }
     }
 
@@ -1177,10 +1179,10 @@ impl Store {
     }
 
     /// Invalidate the cached attributes and listings of inodes a mutation changed.
-    fn forget_inodes(&self, inos: &[Option<Ino>]) {
-        for ino in inos.iter().flatten() {
-            self.caches.inode_changed(*ino);
-            self.caches.dir_changed(*ino);
+    fn forget_inodes(&self, inos: impl IntoIterator<Item = Ino>) {
+        for ino in inos {
+            self.caches.inode_changed(ino);
+            self.caches.dir_changed(ino);
         }
     }
 
@@ -1216,7 +1218,7 @@ impl Store {
         );
         self.caches.entry_changed(parent, name);
         let removed = out?;
-        self.forget_inodes(&[Some(removed.ino)]);
+        self.forget_inodes([removed.ino]);
         self.discard_dead(removed.deleted.then_some(removed.ino));
         Ok(removed.keeps_names.then_some(removed.ino))
     }
@@ -1272,7 +1274,7 @@ impl Store {
         self.caches.entry_changed(newparent, newname);
         // A moved directory's ".." changed; both inodes' ctime (and the victim's nlink).
         let (moved, victim, dead) = out?;
-        self.forget_inodes(&[moved, victim]);
+        self.forget_inodes([moved, victim].into_iter().flatten());
         self.discard_dead(dead);
         Ok(())
     }
@@ -1298,12 +1300,8 @@ impl Store {
             (Some(w), Err(_)) => w.transact_alone(tx),
             _ => self.write_tx(tx),
         };
-        for &ino in inos {
-            self.forget_inodes(&[Some(ino)]);
-        }
-        for ino in out? {
-            self.discard_dead(Some(ino));
-        }
+        self.forget_inodes(inos.iter().copied());
+        self.discard_dead(out?);
         Ok(())
     }
 

@@ -294,15 +294,29 @@ unsafe extern "C" fn write(
     ffi::SQLITE_OK
 }
 
-/// Flush the buffer, then make the call `forward` describes on the default VFS's handle; a
-/// flush failure is the call's result, as is `missing` when the method is absent.
+/// Make the call `call` describes on the default VFS's handle; `missing` when the method is
+/// absent.
 ///
 /// # Safety
-/// As for [`parts`]; `forward` gets the open default-VFS handle and its methods.
+/// As for [`parts`]; `call` gets the open default-VFS handle and its methods.
+unsafe fn forward(
+    file: *mut ffi::sqlite3_file,
+    missing: c_int,
+    call: impl FnOnce(*mut ffi::sqlite3_file, &ffi::sqlite3_io_methods) -> Option<c_int>,
+) -> c_int {
+    // SAFETY: per the contract.
+    let (_, real, m) = unsafe { parts(file) };
+    call(real, m).unwrap_or(missing)
+}
+
+/// [`forward`] after flushing the buffer; a flush failure is the call's result.
+///
+/// # Safety
+/// As for [`forward`].
 unsafe fn flushed(
     file: *mut ffi::sqlite3_file,
     missing: c_int,
-    forward: impl FnOnce(*mut ffi::sqlite3_file, &ffi::sqlite3_io_methods) -> Option<c_int>,
+    call: impl FnOnce(*mut ffi::sqlite3_file, &ffi::sqlite3_io_methods) -> Option<c_int>,
 ) -> c_int {
     // SAFETY: per the contract.
     let rc = unsafe { flush(file) };
@@ -310,8 +324,7 @@ unsafe fn flushed(
         return rc;
     }
     // SAFETY: per the contract.
-    let (_, real, m) = unsafe { parts(file) };
-    forward(real, m).unwrap_or(missing)
+    unsafe { forward(file, missing, call) }
 }
 
 unsafe extern "C" fn read(
@@ -356,27 +369,30 @@ unsafe extern "C" fn file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> 
 }
 
 unsafe extern "C" fn lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    // SAFETY: SQLite calls this on an open handle.
-    let (_, real, m) = unsafe { parts(file) };
-    // SAFETY: as above.
-    m.xLock
-        .map_or(ffi::SQLITE_OK, |f| unsafe { f(real, level) })
+    // SAFETY: SQLite calls this on an open handle with its own arguments.
+    unsafe {
+        forward(file, ffi::SQLITE_OK, |real, m| {
+            m.xLock.map(|f| f(real, level))
+        })
+    }
 }
 
 unsafe extern "C" fn unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    // SAFETY: SQLite calls this on an open handle.
-    let (_, real, m) = unsafe { parts(file) };
-    // SAFETY: as above.
-    m.xUnlock
-        .map_or(ffi::SQLITE_OK, |f| unsafe { f(real, level) })
+    // SAFETY: as in `lock`.
+    unsafe {
+        forward(file, ffi::SQLITE_OK, |real, m| {
+            m.xUnlock.map(|f| f(real, level))
+        })
+    }
 }
 
 unsafe extern "C" fn check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
-    // SAFETY: SQLite calls this on an open handle.
-    let (_, real, m) = unsafe { parts(file) };
-    // SAFETY: as above; `out` is SQLite's out pointer.
-    m.xCheckReservedLock
-        .map_or(ffi::SQLITE_OK, |f| unsafe { f(real, out) })
+    // SAFETY: as in `lock`; `out` is SQLite's out pointer.
+    unsafe {
+        forward(file, ffi::SQLITE_OK, |real, m| {
+            m.xCheckReservedLock.map(|f| f(real, out))
+        })
+    }
 }
 
 unsafe extern "C" fn file_control(
@@ -393,17 +409,13 @@ unsafe extern "C" fn file_control(
 }
 
 unsafe extern "C" fn sector_size(file: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: SQLite calls this on an open handle.
-    let (_, real, m) = unsafe { parts(file) };
-    // SAFETY: as above.
-    m.xSectorSize.map_or(4096, |f| unsafe { f(real) })
+    // SAFETY: as in `lock`.
+    unsafe { forward(file, 4096, |real, m| m.xSectorSize.map(|f| f(real))) }
 }
 
 unsafe extern "C" fn device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: SQLite calls this on an open handle.
-    let (_, real, m) = unsafe { parts(file) };
-    // SAFETY: as above.
-    m.xDeviceCharacteristics.map_or(0, |f| unsafe { f(real) })
+    // SAFETY: as in `lock`.
+    unsafe { forward(file, 0, |real, m| m.xDeviceCharacteristics.map(|f| f(real))) }
 }
 
 #[cfg(test)]

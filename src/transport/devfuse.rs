@@ -293,9 +293,9 @@ pub fn serve_loop(
 ) {
     let mut reader = Reader::new(chan);
     let mut buf = vec![0u8; buf_size];
-    let mut forgot = false;
+    let mut pause_next = None;
     loop {
-        if let (true, Some(pause)) = (std::mem::take(&mut forgot), forget_pause) {
+        if let Some(pause) = pause_next.take() {
             std::thread::sleep(pause);
         }
         let n = match reader.receive(&mut buf) {
@@ -309,10 +309,10 @@ pub fn serve_loop(
         reader.filled(n);
         let msg = &buf[..n];
         let decoded = protocol::decode(msg);
-        if let Ok(req) = &decoded {
+        if let (Some(pause), Ok(req)) = (forget_pause, &decoded) {
             use crate::abi::Opcode as O;
             match O::from_u32(req.header.opcode) {
-                Some(O::Forget | O::BatchForget) => forgot = true,
+                Some(O::Forget | O::BatchForget) => pause_next = Some(pause),
                 Some(O::Interrupt) => {}
                 _ => forget_pause = None,
             }
