@@ -17,17 +17,25 @@ use crate::errno::Errno;
 const COOKIE_DOT: u64 = 1;
 const COOKIE_DOTDOT: u64 = 2;
 
-/// Up to `max` entries after cookie `offset`, each with its inode row.
-pub fn list(
-    c: &Connection,
-    ino: Ino,
-    offset: u64,
-    max: usize,
-) -> Result<Vec<(DirEntry, Meta)>, Errno> {
+/// The start of a page: "." and ".." as far as the cookie and the page size leave room for
+/// them, and what the query for the real entries needs.
+struct Start {
+    dots: Vec<(DirEntry, Meta)>,
+    /// The dentry id to resume after.
+    after: i64,
+    /// How many rows to ask for.
+    want: i64,
+}
+
+fn start(c: &Connection, ino: Ino, offset: u64, max: usize) -> Result<Start, Errno> {
     let me = dir_meta(c, ino)?;
     let mut out = Vec::new();
     if max == 0 {
-        return Ok(out);
+        return Ok(Start {
+            dots: out,
+            after: 0,
+            want: 0,
+        });
     }
     if offset < COOKIE_DOT {
         out.push((entry(&me, b".", COOKIE_DOT), me.clone()));
@@ -38,6 +46,25 @@ pub fn list(
     }
     let after = offset.saturating_sub(COOKIE_DOTDOT).min(i64::MAX as u64) as i64;
     let want = (max - out.len()) as i64;
+    Ok(Start {
+        dots: out,
+        after,
+        want,
+    })
+}
+
+/// Up to `max` entries after cookie `offset`, each with its inode row.
+pub fn list(
+    c: &Connection,
+    ino: Ino,
+    offset: u64,
+    max: usize,
+) -> Result<Vec<(DirEntry, Meta)>, Errno> {
+    let Start {
+        dots: mut out,
+        after,
+        want,
+    } = start(c, ino, offset, max)?;
     if want == 0 {
         return Ok(out);
     }
@@ -60,6 +87,32 @@ pub fn list(
         let (id, name, m) = row?;
         let e = entry(&m, &name, id as u64 + COOKIE_DOTDOT);
         out.push((e, m));
+    }
+    Ok(out)
+}
+
+/// [`list`] without the inode rows: only what a READDIR reply carries (name, inode number,
+/// file type), read with four columns instead of sixteen.
+pub fn names(c: &Connection, ino: Ino, offset: u64, max: usize) -> Result<Vec<DirEntry>, Errno> {
+    let Start { dots, after, want } = start(c, ino, offset, max)?;
+    let mut out: Vec<DirEntry> = dots.into_iter().map(|(e, _)| e).collect();
+    if want == 0 {
+        return Ok(out);
+    }
+    let mut st = c.prepare_cached(
+        "SELECT d.id, d.name, d.ino, i.mode FROM fs_dentry d JOIN fs_inode i ON i.ino = d.ino
+         WHERE d.parent_ino = ?1 AND d.id > ?2 ORDER BY d.id LIMIT ?3",
+    )?;
+    let rows = st.query_map((sql_ino(ino)?, after, want), |r| {
+        Ok(DirEntry {
+            offset: r.get::<_, i64>(0)? as u64 + COOKIE_DOTDOT,
+            name: bytes_of(r.get_ref(1)?),
+            ino: Ino(r.get::<_, i64>(2)? as u64),
+            kind: r.get::<_, i64>(3)? as u32 & S_IFMT,
+        })
+    })?;
+    for row in rows {
+        out.push(row?);
     }
     Ok(out)
 }

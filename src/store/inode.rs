@@ -193,7 +193,8 @@ fn subdirs(c: &Connection, ino: Ino) -> Result<u64, Errno> {
 /// 512-byte blocks: for a chunked file the smaller of its stored rows (counted on the primary
 /// key index, never reading the blobs) times chunk_size and its size; inline bytes rounded up.
 fn blocks(c: &Connection, cfg: &FsConfig, m: &Meta) -> Result<u64, Errno> {
-    if !m.is_reg() {
+    // Counted chunks never exceed the size, so an empty file needs no count.
+    if !m.is_reg() || m.size == 0 {
         return Ok(0);
     }
     let bytes = if m.storage_kind == 1 {

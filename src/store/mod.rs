@@ -797,10 +797,10 @@ impl Store {
         Ok(a)
     }
 
-    /// The cached listing of `dir`, loaded whole on a miss (with `plus`, every entry's
-    /// attributes are read and cached in the same snapshot). None when listings are not
-    /// cached or the directory has more entries than the cache may hold.
-    fn cached_listing(&self, dir: Ino, plus: bool) -> Result<Option<Arc<Listing>>, Errno> {
+    /// The cached listing of `dir`, loaded whole on a miss (names, inode numbers and types
+    /// only). None when listings are not cached or the directory has more entries than the
+    /// cache may hold.
+    fn cached_listing(&self, dir: Ino) -> Result<Option<Arc<Listing>>, Errno> {
         let Some(limit) = self.caches.listing_limit() else {
             return Ok(None);
         };
@@ -808,55 +808,41 @@ impl Store {
             return Ok(Some(l));
         }
         let t = self.caches.ticket();
-        let max = limit.saturating_add(1);
-        let (entries, attrs) = self.read_tx(|c| {
-            let rows = dir::list(c, dir, 0, max)?;
-            let mut attrs = Vec::new();
-            if plus && rows.len() <= limit {
-                for (_, m) in &rows {
-                    attrs.push(inode::attr(c, &self.config, m)?);
-                }
-            }
-            // Collected in place, the entries would keep the rows' larger allocation.
-            let mut entries: Vec<DirEntry> = rows.into_iter().map(|(e, _)| e).collect();
-            entries.shrink_to_fit();
-            Ok((entries, attrs))
-        })?;
+        let mut entries = self.read_tx(|c| dir::names(c, dir, 0, limit.saturating_add(1)))?;
         if entries.len() > limit {
             self.caches.put_listing(&t, dir, Arc::new(Listing::TooBig));
             return Ok(None);
         }
-        for a in attrs {
-            self.caches.put_attr(&t, a);
-        }
+        entries.shrink_to_fit();
         let l = Arc::new(Listing::Entries(entries));
         self.caches.put_listing(&t, dir, l.clone());
         Ok(Some(l))
     }
 
-    /// A page of `dir`'s listing with stored attributes, from the caches; None when the
-    /// listing is not cached (or an entry's inode is gone: the database decides then).
-    fn cached_page_plus(
-        &self,
-        dir: Ino,
-        offset: u64,
-        max: usize,
-    ) -> Result<Option<Vec<(DirEntry, Attr)>>, Errno> {
-        let Some(l) = self.cached_listing(dir, true)? else {
-            return Ok(None);
-        };
-        let Listing::Entries(entries) = &*l else {
-            return Ok(None);
-        };
-        let page = cache::page(entries, offset, max);
-        let mut out = Vec::with_capacity(page.len());
-        for e in page {
-            match self.stored_attr(e.ino) {
-                Ok(a) => out.push((e, a)),
-                Err(_) => return Ok(None),
+    /// A page of `dir`'s listing with stored attributes: from the caches when the listing and
+    /// every attribute on the page are there, else the page read whole from the database in
+    /// one snapshot (its attributes then cached). A directory's first READDIRPLUS so costs
+    /// the attributes of one page, not of every entry (the kernel lists the rest with READDIR
+    /// when nothing looks the entries up).
+    fn page_plus(&self, dir: Ino, offset: u64, max: usize) -> Result<Vec<(DirEntry, Attr)>, Errno> {
+        if let Some(l) = self.cached_listing(dir)? {
+            if let Listing::Entries(entries) = &*l {
+                let page = cache::page(entries, offset, max);
+                let cached: Option<Vec<_>> = page
+                    .into_iter()
+                    .map(|e| self.caches.attr(e.ino).map(|a| (e, a)))
+                    .collect();
+                if let Some(out) = cached {
+                    return Ok(out);
+                }
             }
         }
-        Ok(Some(out))
+        let t = self.caches.ticket();
+        let out = self.read_tx(|c| dir::list_plus(c, &self.config, dir, offset, max))?;
+        for (_, a) in &out {
+            self.caches.put_attr(&t, *a);
+        }
+        Ok(out)
     }
 
     /// Drop every cached value (another process changed the database, or a transaction whose
@@ -1512,17 +1498,12 @@ impl Store {
         offset: u64,
         max_entries: usize,
     ) -> Result<Vec<DirEntry>, Errno> {
-        if let Some(l) = self.cached_listing(ino, false)? {
+        if let Some(l) = self.cached_listing(ino)? {
             if let Listing::Entries(entries) = &*l {
                 return Ok(cache::page(entries, offset, max_entries));
             }
         }
-        self.read_tx(|c| {
-            Ok(dir::list(c, ino, offset, max_entries)?
-                .into_iter()
-                .map(|(e, _)| e)
-                .collect())
-        })
+        self.read_tx(|c| dir::names(c, ino, offset, max_entries))
     }
 
     /// readdir plus each entry's attributes.
@@ -1533,10 +1514,7 @@ impl Store {
         max_entries: usize,
     ) -> Result<Vec<(DirEntry, Attr)>, Errno> {
         self.with_pending_attrs(
-            || match self.cached_page_plus(ino, offset, max_entries)? {
-                Some(page) => Ok(page),
-                None => self.read_tx(|c| dir::list_plus(c, &self.config, ino, offset, max_entries)),
-            },
+            || self.page_plus(ino, offset, max_entries),
             |v| v.iter_mut().map(|(_, a)| a).collect(),
         )
     }
