@@ -11,7 +11,7 @@ use rusqlite::blob::Blob;
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, MAIN_DB};
 
-use super::inode::{meta_from_row, sql_ino, touch_mc, Meta, MAX_FILE_SIZE, META_COLS};
+use super::inode::{meta_cols, meta_from_row, sql_ino, touch_mc, Meta, MAX_FILE_SIZE};
 use super::{FsConfig, Ino, Timespec};
 use crate::errno::Errno;
 
@@ -23,8 +23,10 @@ struct File {
 
 /// Load a regular file: EISDIR for directories, EINVAL for other non-regular inodes.
 fn load(c: &Connection, ino: Ino) -> Result<File, Errno> {
-    let mut st = c.prepare_cached(&format!(
-        "SELECT {META_COLS}, data_inline FROM fs_inode WHERE ino = ?1"
+    let mut st = c.prepare_cached(concat!(
+        "SELECT ",
+        meta_cols!(),
+        ", data_inline FROM fs_inode WHERE ino = ?1"
     ))?;
     let f = st
         .query_row([sql_ino(ino)?], |r| {

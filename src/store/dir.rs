@@ -8,7 +8,7 @@
 use rusqlite::Connection;
 
 use super::inode::{
-    attr, bytes_of, dentry, dir_meta, meta, meta_from_row, parent_of_dir, sql_ino, Meta, META_COLS,
+    attr, bytes_of, dentry, dir_meta, meta, meta_cols, meta_from_row, parent_of_dir, sql_ino, Meta,
     NAME_MAX, S_IFMT,
 };
 use super::{Attr, DirEntry, FsConfig, Ino};
@@ -68,13 +68,10 @@ pub fn list(
     if want == 0 {
         return Ok(out);
     }
-    let cols = META_COLS
-        .split(", ")
-        .map(|col| format!("i.{}", col.trim()))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut st = c.prepare_cached(&format!(
-        "SELECT {cols}, d.id, d.name FROM fs_dentry d JOIN fs_inode i ON i.ino = d.ino
+    let mut st = c.prepare_cached(concat!(
+        "SELECT ",
+        meta_cols!("i."),
+        ", d.id, d.name FROM fs_dentry d JOIN fs_inode i ON i.ino = d.ino
          WHERE d.parent_ino = ?1 AND d.id > ?2 ORDER BY d.id LIMIT ?3"
     ))?;
     let rows = st.query_map((sql_ino(ino)?, after, want), |r| {

@@ -95,9 +95,46 @@ impl Meta {
     }
 }
 
-/// The columns `meta_from_row` expects, in order.
-pub const META_COLS: &str = "ino, mode, nlink, uid, gid, size, atime, atime_nsec, mtime, \
-                             mtime_nsec, ctime, ctime_nsec, rdev, storage_kind";
+/// The columns `meta_from_row` expects, in order, as a string literal (so hot queries are
+/// `concat!`ed at compile time, not formatted per call); `meta_cols!("i.")` qualifies each.
+macro_rules! meta_cols {
+    ($p:literal) => {
+        concat!(
+            $p,
+            "ino, ",
+            $p,
+            "mode, ",
+            $p,
+            "nlink, ",
+            $p,
+            "uid, ",
+            $p,
+            "gid, ",
+            $p,
+            "size, ",
+            $p,
+            "atime, ",
+            $p,
+            "atime_nsec, ",
+            $p,
+            "mtime, ",
+            $p,
+            "mtime_nsec, ",
+            $p,
+            "ctime, ",
+            $p,
+            "ctime_nsec, ",
+            $p,
+            "rdev, ",
+            $p,
+            "storage_kind"
+        )
+    };
+    () => {
+        meta_cols!("")
+    };
+}
+pub(crate) use meta_cols;
 
 fn ts(sec: i64, nsec: i64) -> Timespec {
     Timespec {
@@ -106,7 +143,7 @@ fn ts(sec: i64, nsec: i64) -> Timespec {
     }
 }
 
-/// Decode the first 14 columns (META_COLS) of a row.
+/// Decode the first 14 columns (`meta_cols!`) of a row.
 pub fn meta_from_row(r: &Row<'_>) -> rusqlite::Result<Meta> {
     Ok(Meta {
         ino: Ino(r.get::<_, i64>(0)? as u64),
@@ -133,7 +170,11 @@ pub fn meta_opt(c: &Connection, ino: Ino) -> Result<Option<Meta>, Errno> {
     let Ok(id) = i64::try_from(ino.0) else {
         return Ok(None);
     };
-    let mut st = c.prepare_cached(&format!("SELECT {META_COLS} FROM fs_inode WHERE ino = ?1"))?;
+    let mut st = c.prepare_cached(concat!(
+        "SELECT ",
+        meta_cols!(),
+        " FROM fs_inode WHERE ino = ?1"
+    ))?;
     Ok(st.query_row([id], meta_from_row).optional()?)
 }
 

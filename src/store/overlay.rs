@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 
 use super::backup::PartialOrigin;
 use super::copy::has_table;
-use super::inode::{self, bytes_of, meta_from_row, sql_ino, Meta, Name, META_COLS};
+use super::inode::{self, bytes_of, meta_cols, meta_from_row, sql_ino, Meta, Name};
 use super::{data, namespace, FsConfig, Ino, Store, Timespec};
 use crate::errno::Errno;
 
@@ -375,14 +375,11 @@ pub fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
 /// Read the delta tree from the root and the whiteouts.
 pub fn read_delta(c: &Connection) -> Result<Delta, Errno> {
     let mut d = Delta::default();
-    let mut children_of = c.prepare(&format!(
-        "SELECT {}, d.name FROM fs_dentry d JOIN fs_inode i ON i.ino = d.ino
-         WHERE d.parent_ino = ?1 ORDER BY d.name",
-        META_COLS
-            .split(", ")
-            .map(|col| format!("i.{}", col.trim()))
-            .collect::<Vec<_>>()
-            .join(", ")
+    let mut children_of = c.prepare(concat!(
+        "SELECT ",
+        meta_cols!("i."),
+        ", d.name FROM fs_dentry d JOIN fs_inode i ON i.ino = d.ino
+         WHERE d.parent_ino = ?1 ORDER BY d.name"
     ))?;
     let origins: HashSet<i64> = {
         let mut st = c.prepare("SELECT delta_ino FROM fs_origin")?;

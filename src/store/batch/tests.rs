@@ -383,6 +383,30 @@ fn a_write_during_a_claim_elsewhere_is_committed_without_a_barrier() {
     b.shutdown().unwrap();
 }
 
+#[test]
+fn new_files_within_one_window_do_not_each_wake_the_committer() {
+    // A committer asleep until the first file's deadline has nothing to do before it: each
+    // later file only adds a later deadline. Waking it for each cost two context switches per
+    // small file.
+    let b = Batcher::new(
+        Fake::default(),
+        cfg(2_000, 1024, 1 << 20, 1 << 30),
+        Default::default(),
+    );
+    b.start().unwrap();
+    b.write(Ino(1), 0, &[1u8; 10], Some(T));
+    std::thread::sleep(Duration::from_millis(50));
+    let before = b.state.lock().wakeups;
+    for i in 2..200 {
+        b.write(Ino(i), 0, &[1u8; 10], Some(T));
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let woke = b.state.lock().wakeups - before;
+    assert!(woke <= 3, "the committer woke {woke} times for 198 new files");
+    b.shutdown().unwrap();
+    assert_eq!(b.backend().lock().committed.len(), 199);
+}
+
 /// Extents against a byte-per-position model.
 #[test]
 fn extents_match_a_simple_model() {
