@@ -325,6 +325,34 @@ struct State {
     /// Writers blocked on the cap.
     waiting: usize,
     shutdown: bool,
+    /// How the committer waits for `wake`, so a write that only adds a later deadline need
+    /// not wake it.
+    asleep: Asleep,
+    /// Times the committer came back from waiting on `wake`.
+    wakeups: u64,
+}
+
+/// The committer's wait on `wake`.
+#[derive(Clone, Copy, Debug, Default)]
+enum Asleep {
+    /// Not waiting on `wake`: it looks at the pending map again before it next sleeps.
+    #[default]
+    No,
+    /// Until this instant.
+    Until(Instant),
+    /// Until woken.
+    Forever,
+}
+
+impl Asleep {
+    /// Whether the committer would sleep past `due` unless woken.
+    fn past(self, due: Instant) -> bool {
+        match self {
+            Asleep::No => false,
+            Asleep::Until(t) => t > due,
+            Asleep::Forever => true,
+        }
+    }
 }
 
 /// What a caller learns about pending bytes overlapping a read.
@@ -485,6 +513,7 @@ impl<D: Durability> Batcher<D> {
             self.done.wait(&mut st);
             st.waiting -= 1;
         }
+        let asleep = st.asleep;
         let p = st.inodes.entry(ino).or_insert_with(|| Pending {
             open: Extents::default(),
             inflight: None,
@@ -493,12 +522,15 @@ impl<D: Durability> Batcher<D> {
             since: Instant::now(),
             cut: None,
         });
-        // A new deadline: the committer may be asleep without one (every other pending inode
-        // in flight elsewhere), so it must hear of it.
+        // A new deadline: the committer must hear of it if it sleeps past it (without one, when
+        // every other pending inode is in flight elsewhere). A committer that sleeps until an
+        // older deadline, or that is awake, finds it itself: waking it for every new file
+        // cost two context switches per small file.
         let new_deadline = p.open_idle();
         if new_deadline {
             p.since = Instant::now();
         }
+        let missed = new_deadline && asleep.past(p.since + self.cfg.window);
         let before = p.open.bytes();
         p.open.insert(off, data);
         let after = p.open.bytes();
@@ -510,7 +542,7 @@ impl<D: Durability> Batcher<D> {
         st.bytes = st.bytes + after - before;
         let urgent = hot || st.bytes >= self.cfg.max_pending / 2;
         drop(st);
-        if urgent || new_deadline {
+        if urgent || missed {
             self.wake.notify_one();
         }
     }
@@ -781,11 +813,17 @@ impl<D: Durability> Batcher<D> {
                             self.done.wait_for(&mut st, Duration::from_millis(1));
                         }
                         Some(d) => {
+                            st.asleep = Asleep::Until(Instant::now() + d);
                             self.wake.wait_for(&mut st, d);
+                            st.asleep = Asleep::No;
+                            st.wakeups += 1;
                         }
                         None if st.shutdown => return,
                         None => {
+                            st.asleep = Asleep::Forever;
                             self.wake.wait(&mut st);
+                            st.asleep = Asleep::No;
+                            st.wakeups += 1;
                         }
                     }
                 }

@@ -402,7 +402,10 @@ fn new_files_within_one_window_do_not_each_wake_the_committer() {
         std::thread::sleep(Duration::from_micros(200));
     }
     let woke = b.state.lock().wakeups - before;
-    assert!(woke <= 3, "the committer woke {woke} times for 198 new files");
+    assert!(
+        woke <= 3,
+        "the committer woke {woke} times for 198 new files"
+    );
     b.shutdown().unwrap();
     assert_eq!(b.backend().lock().committed.len(), 199);
 }
