@@ -14,7 +14,7 @@ knob_table! {
     fuse_readahead_kib: U64 = 1024, [0, 65536], Policy, "AGENTFS_FUSE_READAHEAD_KIB",
         "Kernel readahead of the mount in KiB, written to /sys/class/bdi after INIT (root only); the kernel's 128 KiB default also caps every READ at 128 KiB. 0 leaves the kernel's value.";
     fuse_threads: U64 = 2, [1, 64], Policy, "AGENTFS_FUSE_THREADS",
-        "Threads reading requests from /dev/fuse; each has its own SQLite read connection.";
+        "Threads reading requests from /dev/fuse; each has its own SQLite read connection. Why 2: one thread was not faster for a single-threaded client (alternating rounds of create, unlink and rm -rf, kernel-notes/profiling.md), and a second lets one request wait for the writer while another is served.";
     fuse_uring: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_URING",
         "Serve requests over FUSE-over-io_uring when the kernel offers it (enable_uring=Y); /dev/fuse stays the fallback.";
     fuse_forget_pause_us: U64 = 2000, [0, 100000], Policy, "AGENTFS_FUSE_FORGET_PAUSE_US",
