@@ -19,6 +19,8 @@ knob_table! {
         "Serve requests over FUSE-over-io_uring when the kernel offers it (enable_uring=Y); /dev/fuse stays the fallback.";
     fuse_forget_pause_us: U64 = 2000, [0, 100000], Policy, "AGENTFS_FUSE_FORGET_PAUSE_US",
         "While the ring serves requests, how long a /dev/fuse thread waits after a FORGET before it reads again, so the kernel hands the forgets that arrive meanwhile over as one BATCH_FORGET (0 = read again at once).";
+    fuse_spin_us: U64 = 50, [0, 10000], Policy, "AGENTFS_FUSE_SPIN_US",
+        "When /dev/fuse serves the requests (no ring): after a request, one transport thread polls this long (in microseconds, yielding between polls) for the next one before it sleeps in read(2), as long as requests keep coming that fast, so a back-to-back caller's request is read without a thread wake-up (0 = always sleep). Why 50: on 2 CPUs, in alternating rounds against 0, small files written 1.6-1.8x, unlink 1.2-1.3x, create 1.1-1.5x, rm -rf 1.0-1.2x, one request 6.5-6.8 us instead of 18-30, one client thread's metadata cycles 1.1-1.5x; two client threads level, four 0.9x; the server's CPU 15-30% more while requests stream (kernel-notes/profiling.md). 10 and 20 gained less, 100 and 300 no more.";
     fuse_uring_depth: U64 = 8, [1, 256], Policy, "AGENTFS_FUSE_URING_DEPTH",
         "Most ring entries per queue (one queue per possible CPU); each entry holds a max_write-sized buffer, so the depth used is what the transport's quarter of AGENTFS_MEMORY_BUDGET_MIB holds (at least 1, at most this).";
     fuse_noopen: Bool = true, [0, 1], KillSwitch, "AGENTFS_FUSE_NOOPEN",

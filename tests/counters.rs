@@ -39,6 +39,18 @@ fn check(m: &Mounted, ring: bool, what: &str) {
         "{what}: {STATS} stats counted as {served} requests ({after:?})"
     );
     assert_eq!(other, 0, "{what}: requests counted on the other transport");
+    // Back-to-back requests over /dev/fuse: a thread polling for the next request (the
+    // default AGENTFS_FUSE_SPIN_US) finds some of them; a ring mount's /dev/fuse threads only
+    // carry forgets and never poll.
+    let polled = after.polled - before.polled;
+    if ring {
+        assert_eq!(polled, 0, "{what}: a ring mount polled /dev/fuse");
+    } else {
+        assert!(
+            polled > 0,
+            "{what}: no request of {served} found by polling"
+        );
+    }
     status_json_agrees(&after, what);
 
     fs::create_dir(m.path("many")).unwrap();
@@ -80,6 +92,7 @@ fn status_json_agrees(before: &ServerRecord, what: &str) {
         ("devfuse", before.devfuse_requests, after.devfuse_requests),
         ("forgets", before.forgets, after.forgets),
         ("worker", before.worker_requests, after.worker_requests),
+        ("polled", before.polled, after.polled),
     ] {
         let n = r[key]
             .as_u64()
@@ -159,6 +172,23 @@ fn status_counters_match_a_known_workload() {
 /// evicts it. The /dev/fuse threads pause after each (`AGENTFS_FUSE_FORGET_PAUSE_US`), so the
 /// forgets of a run of unlinks arrive as a few BATCH_FORGETs, and every unlinked inode's rows
 /// are still deleted.
+#[test]
+fn dev_fuse_threads_sleep_in_read_when_polling_is_off() {
+    if !fuse_or_skip("dev_fuse_threads_sleep_in_read_when_polling_is_off") {
+        return;
+    }
+    let mut e = env(false);
+    e.push(("AGENTFS_FUSE_SPIN_US", "0"));
+    let m = Mounted::with_env(&e);
+    fs::write(m.path("f"), b"x").unwrap();
+    for _ in 0..STATS {
+        fs::metadata(m.path("f")).unwrap();
+    }
+    let rec = common::settled_record(m.server_pid());
+    assert!(rec.devfuse_requests >= STATS, "{rec:?}");
+    assert_eq!(rec.polled, 0, "polled with AGENTFS_FUSE_SPIN_US=0: {rec:?}");
+}
+
 #[test]
 fn forgets_of_unlinked_files_arrive_in_batches_on_the_ring() {
     if !fuse_or_skip("forgets_of_unlinked_files_arrive_in_batches_on_the_ring") {

@@ -315,6 +315,7 @@ fn server_json(s: &registry::ServerRecord) -> Value {
             "devfuse": s.devfuse_requests,
             "forgets": s.forgets,
             "worker": s.worker_requests,
+            "polled": s.polled,
         },
         "memory": memory_json(&s.memory),
     })

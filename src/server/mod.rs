@@ -204,15 +204,19 @@ impl Prepared {
         );
         ready.ready(&mnt);
 
-        let forget_pause = (ring_queues > 0 && knobs.fuse_forget_pause_us > 0)
-            .then(|| std::time::Duration::from_micros(knobs.fuse_forget_pause_us));
+        let micros =
+            |on: bool, us: u64| (on && us > 0).then(|| std::time::Duration::from_micros(us));
+        let pacing = devfuse::Pacing {
+            forget_pause: micros(ring_queues > 0, knobs.fuse_forget_pause_us),
+            spin: micros(ring_queues == 0, knobs.fuse_spin_us),
+        };
         for i in 0..threads {
             let chan = chan.clone();
             let d = dispatcher.clone();
             let sh = shards.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("fuse-{i}"))
-                .spawn(move || devfuse::serve_loop(&chan, &sh, &d, buf_size, forget_pause));
+                .spawn(move || devfuse::serve_loop(&chan, &sh, &d, buf_size, pacing));
             match spawned {
                 Ok(h) => workers.push(h),
                 Err(e) => tracing::error!("cannot start transport thread {i}: {e}"),
@@ -372,6 +376,7 @@ impl Reporter {
         let mut rec = self.record.clone();
         rec.devfuse_requests = self.chan.served.load(Relaxed);
         rec.forgets = self.chan.unanswered.load(Relaxed);
+        rec.polled = self.chan.polled.load(Relaxed);
         rec.ring_requests = self.ring.served.load(Relaxed);
         rec.worker_requests = self.shards.handed();
         rec.lost = self.store.failure().summary().unwrap_or_default();

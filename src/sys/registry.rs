@@ -27,6 +27,8 @@ pub struct ServerRecord {
     pub forgets: u64,
     /// Requests a transport thread handed to a worker instead of running them itself.
     pub worker_requests: u64,
+    /// Times a /dev/fuse thread polling for the next request found one (`AGENTFS_FUSE_SPIN_US`).
+    pub polled: u64,
     /// Where the server logs (a background server; empty: its standard error).
     pub log: Option<PathBuf>,
     /// What a failed commit lost (empty while nothing was).
@@ -93,7 +95,7 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     let path = record_path(rec.pid);
     let mut text = format!(
-        "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\nforgets={}\nworker_requests={}\ndb_pages={}\nfree_pages={}\n",
+        "pid={}\ndb={}\nmount={}\ntransport={}\nring_queues={}\nring_requests={}\ndevfuse_requests={}\nforgets={}\nworker_requests={}\npolled={}\ndb_pages={}\nfree_pages={}\n",
         rec.pid,
         rec.db.display(),
         rec.mount_point.display(),
@@ -103,6 +105,7 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
         rec.devfuse_requests,
         rec.forgets,
         rec.worker_requests,
+        rec.polled,
         rec.db_pages,
         rec.free_pages
     );
@@ -140,6 +143,7 @@ fn parse(text: &str) -> Option<ServerRecord> {
             Some(("devfuse_requests", v)) => rec.devfuse_requests = v.parse().unwrap_or(0),
             Some(("forgets", v)) => rec.forgets = v.parse().unwrap_or(0),
             Some(("worker_requests", v)) => rec.worker_requests = v.parse().unwrap_or(0),
+            Some(("polled", v)) => rec.polled = v.parse().unwrap_or(0),
             Some(("log", v)) => rec.log = Some(PathBuf::from(v)),
             Some(("lost", v)) => rec.lost = v.to_string(),
             Some(("db_pages", v)) => rec.db_pages = v.parse().unwrap_or(0),

@@ -1,13 +1,15 @@
 //! The classic transport: threads that read(2) requests from /dev/fuse and writev(2) replies.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::dispatch::shards::{runs_inline, Shards};
 use crate::dispatch::Dispatcher;
 use crate::protocol::{self, Reply};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 /// A FUSE connection: the /dev/fuse file descriptor (opened close-on-exec).
 pub struct Channel {
@@ -24,6 +26,13 @@ pub struct Channel {
     /// Transport threads whose request buffer holds a large request's pages, by thread; a
     /// thread removes itself before it ends ([`Channel::release_idle_buffers`]).
     tails: parking_lot::Mutex<Vec<(libc::pthread_t, Arc<AtomicBool>)>>,
+    /// A thread is polling for the next request ([`Channel::spin`]).
+    spinner: AtomicBool,
+    /// The last poll saw a request come, or a request came soon after a thread went idle:
+    /// polling pays while requests arrive back to back.
+    spin_pays: AtomicBool,
+    /// Times polling found a request waiting.
+    pub polled: AtomicU64,
 }
 
 /// A transport thread's claim to run one mutation in place; released on drop.
@@ -137,6 +146,9 @@ impl Channel {
             readers: AtomicUsize::new(0),
             occupied: AtomicUsize::new(0),
             tails: parking_lot::Mutex::new(Vec::new()),
+            spinner: AtomicBool::new(false),
+            spin_pays: AtomicBool::new(true),
+            polled: AtomicU64::new(0),
         }
     }
 
@@ -175,6 +187,44 @@ impl Channel {
                 Some(libc::ENODEV) | Some(libc::ECONNABORTED) => return Ok(Received::Gone),
                 _ => return Err(err),
             }
+        }
+    }
+
+    /// Wait up to `limit` for the next request by polling (poll(2) with a zero timeout, in a
+    /// loop) instead of asleep in read(2): a request that comes meanwhile is read without the
+    /// kernel waking a thread, which costs tens of microseconds on a 2-vCPU VM when the wake
+    /// crosses CPUs. Between polls it yields, so a caller waiting for this CPU runs. Only while it pays (see `spin_pays`), and by one
+    /// thread at a time; the others sleep in read(2) as before.
+    pub fn spin(&self, limit: Duration) {
+        if !self.spin_pays.load(Ordering::Relaxed) || self.spinner.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let start = Instant::now();
+        let came = loop {
+            let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::ZERO) {
+                Ok(0) => {}
+                // A request, or the connection's end (POLLERR): read(2) tells which.
+                Ok(_) => break true,
+                Err(_) => break false,
+            }
+            if start.elapsed() >= limit {
+                break false;
+            }
+            // The caller may be waiting for this very CPU: let it run.
+            std::thread::yield_now();
+        };
+        if came {
+            self.polled.fetch_add(1, Ordering::Relaxed);
+        }
+        self.spin_pays.store(came, Ordering::Relaxed);
+        self.spinner.store(false, Ordering::Release);
+    }
+
+    /// A thread read a request `gap` after it went idle: within `limit`, polling pays again.
+    fn arrived_after(&self, gap: Duration, limit: Duration) {
+        if gap < limit {
+            self.spin_pays.store(true, Ordering::Relaxed);
         }
     }
 
@@ -270,6 +320,21 @@ fn answer(chan: &Channel, dispatcher: &Dispatcher, msg: &[u8]) {
     }
 }
 
+/// How a /dev/fuse thread waits for its next request.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Pacing {
+    /// Set when the ring serves the requests and /dev/fuse only carries FORGETs
+    /// and INTERRUPTs. After a FORGET the thread waits that long before it reads again, so the
+    /// kernel queues the forgets meanwhile and hands them over as one BATCH_FORGET: one wake-up
+    /// and one read for many inodes instead of one each. The first other request (the kernel
+    /// fell back to /dev/fuse) ends the pauses for good.
+    pub forget_pause: Option<Duration>,
+    /// Set when /dev/fuse serves the requests (`AGENTFS_FUSE_SPIN_US`): poll this long for the
+    /// next request before sleeping in read(2), while requests come back to back
+    /// ([`Channel::spin`]).
+    pub spin: Option<Duration>,
+}
+
 /// Serve requests on `chan` until the connection ends. Runs on each transport thread: it
 /// reads a request and answers it itself when it only reads, or when another thread can be
 /// spared to read the next one ([`Channel::spare`]) and the shard of its inode is free;
@@ -278,27 +343,30 @@ fn answer(chan: &Channel, dispatcher: &Dispatcher, msg: &[u8]) {
 /// A request larger than [`KEEP_RESIDENT`] (a large WRITE) leaves the buffer's tail resident
 /// until the server has been idle ([`Channel::release_idle_buffers`]), so an idle server does
 /// not hold a max_write buffer per thread.
-///
-/// `forget_pause`: set when the ring serves the requests and /dev/fuse only carries FORGETs
-/// and INTERRUPTs. After a FORGET the thread waits that long before it reads again, so the
-/// kernel queues the forgets meanwhile and hands them over as one BATCH_FORGET: one wake-up
-/// and one read for many inodes instead of one each. The first other request (the kernel
-/// fell back to /dev/fuse) ends the pauses for good.
 pub fn serve_loop(
     chan: &Arc<Channel>,
     shards: &Arc<Shards>,
     dispatcher: &Dispatcher,
     buf_size: usize,
-    mut forget_pause: Option<std::time::Duration>,
+    pacing: Pacing,
 ) {
     let mut reader = Reader::new(chan);
     let mut buf = vec![0u8; buf_size];
     let mut pause_next = None;
+    let mut forget_pause = pacing.forget_pause;
     loop {
         if let Some(pause) = pause_next.take() {
             std::thread::sleep(pause);
         }
-        let n = match reader.receive(&mut buf) {
+        let idle_from = Instant::now();
+        if let Some(limit) = pacing.spin {
+            chan.spin(limit);
+        }
+        let received = reader.receive(&mut buf);
+        if let Some(limit) = pacing.spin {
+            chan.arrived_after(idle_from.elapsed(), limit);
+        }
+        let n = match received {
             Ok(Received::Request(n)) => n,
             Ok(Received::Gone) | Ok(Received::Interrupted) => return,
             Err(e) => {
