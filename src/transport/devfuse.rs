@@ -193,8 +193,9 @@ impl Channel {
     /// Wait up to `limit` for the next request by polling (poll(2) with a zero timeout, in a
     /// loop) instead of asleep in read(2): a request that comes meanwhile is read without the
     /// kernel waking a thread, which costs tens of microseconds on a 2-vCPU VM when the wake
-    /// crosses CPUs. Between polls it yields, so a caller waiting for this CPU runs. Only while it pays (see `spin_pays`), and by one
-    /// thread at a time; the others sleep in read(2) as before.
+    /// crosses CPUs. Between polls it yields, so a caller waiting for this CPU runs. Only while
+    /// it pays (see `spin_pays`), and by one thread at a time; the others sleep in read(2) as
+    /// before.
     pub fn spin(&self, limit: Duration) {
         if !self.spin_pays.load(Ordering::Relaxed) || self.spinner.swap(true, Ordering::AcqRel) {
             return;
