@@ -819,22 +819,33 @@ impl Store {
         Ok(Some(l))
     }
 
+    /// Up to `max` entries of `dir`'s cached listing after cookie `offset`; None when the
+    /// listing is not cached (see [`Store::cached_listing`]).
+    fn cached_page(
+        &self,
+        dir: Ino,
+        offset: u64,
+        max: usize,
+    ) -> Result<Option<Vec<DirEntry>>, Errno> {
+        Ok(self.cached_listing(dir)?.and_then(|l| match &*l {
+            Listing::Entries(entries) => Some(cache::page(entries, offset, max)),
+            Listing::TooBig => None,
+        }))
+    }
+
     /// A page of `dir`'s listing with stored attributes: from the caches when the listing and
     /// every attribute on the page are there, else the page read whole from the database in
     /// one snapshot (its attributes then cached). A directory's first READDIRPLUS so costs
     /// the attributes of one page, not of every entry (the kernel lists the rest with READDIR
     /// when nothing looks the entries up).
     fn page_plus(&self, dir: Ino, offset: u64, max: usize) -> Result<Vec<(DirEntry, Attr)>, Errno> {
-        if let Some(l) = self.cached_listing(dir)? {
-            if let Listing::Entries(entries) = &*l {
-                let page = cache::page(entries, offset, max);
-                let cached: Option<Vec<_>> = page
-                    .into_iter()
-                    .map(|e| self.caches.attr(e.ino).map(|a| (e, a)))
-                    .collect();
-                if let Some(out) = cached {
-                    return Ok(out);
-                }
+        if let Some(page) = self.cached_page(dir, offset, max)? {
+            let cached: Option<Vec<_>> = page
+                .into_iter()
+                .map(|e| self.caches.attr(e.ino).map(|a| (e, a)))
+                .collect();
+            if let Some(out) = cached {
+                return Ok(out);
             }
         }
         let t = self.caches.ticket();
@@ -1498,12 +1509,10 @@ impl Store {
         offset: u64,
         max_entries: usize,
     ) -> Result<Vec<DirEntry>, Errno> {
-        if let Some(l) = self.cached_listing(ino)? {
-            if let Listing::Entries(entries) = &*l {
-                return Ok(cache::page(entries, offset, max_entries));
-            }
+        match self.cached_page(ino, offset, max_entries)? {
+            Some(page) => Ok(page),
+            None => self.read_tx(|c| dir::names(c, ino, offset, max_entries)),
         }
-        self.read_tx(|c| dir::names(c, ino, offset, max_entries))
     }
 
     /// readdir plus each entry's attributes.

@@ -359,12 +359,13 @@ pub fn serve_loop(
         if let Some(pause) = pause_next.take() {
             std::thread::sleep(pause);
         }
-        let idle_from = Instant::now();
-        if let Some(limit) = pacing.spin {
+        let polling = pacing.spin.map(|limit| {
+            let idle_from = Instant::now();
             chan.spin(limit);
-        }
+            (idle_from, limit)
+        });
         let received = reader.receive(&mut buf);
-        if let Some(limit) = pacing.spin {
+        if let Some((idle_from, limit)) = polling {
             chan.arrived_after(idle_from.elapsed(), limit);
         }
         let n = match received {
