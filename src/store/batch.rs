@@ -552,6 +552,7 @@ impl<D: Durability> Batcher<D> {
     /// `mtime` and `ctime` are the truncate's times.
     pub fn truncate_to_zero(&self, ino: Ino, mtime: Timespec, ctime: Timespec) {
         let mut st = self.state.lock();
+        let asleep = st.asleep;
         let p = st.inodes.entry(ino).or_insert_with(|| Pending {
             open: Extents::default(),
             inflight: None,
@@ -560,10 +561,12 @@ impl<D: Durability> Batcher<D> {
             since: Instant::now(),
             cut: None,
         });
+        // As for a write: only a deadline the committer would sleep past is news to it.
         let new_deadline = p.open_idle();
         if new_deadline {
             p.since = Instant::now();
         }
+        let missed = new_deadline && asleep.past(p.since + self.cfg.window);
         let dropped = p.open.bytes();
         p.open = Extents::default();
         p.cut = Some(ctime);
@@ -572,7 +575,7 @@ impl<D: Durability> Batcher<D> {
         st.bytes -= dropped;
         self.version.fetch_add(1, Ordering::Release);
         drop(st);
-        if new_deadline {
+        if missed {
             self.wake.notify_one();
         }
     }
@@ -625,8 +628,11 @@ impl<D: Durability> Batcher<D> {
 
     /// End a claim (or a background commit) of `b`.
     pub fn finish(&self, b: &Arc<InodeBatch>, how: Finish) {
-        let mut st = self.state.lock();
-        let st = &mut *st;
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        // Whether the committer must look again: it skips inodes in flight, so bytes left on
+        // this one (restored, or written meanwhile) may have a deadline it would sleep past.
+        let mut missed = false;
         if let Some(p) = st.inodes.get_mut(&b.ino) {
             if p.inflight.as_ref().is_some_and(|x| Arc::ptr_eq(x, b)) {
                 p.inflight = None;
@@ -654,15 +660,28 @@ impl<D: Durability> Batcher<D> {
                         }
                     }
                 }
-                if p.open_idle() && p.inflight.is_none() {
+                if p.open_idle() {
                     st.inodes.remove(&b.ino);
+                } else {
+                    let due = if p.open.bytes() >= self.cfg.inode_trigger {
+                        Instant::now()
+                    } else {
+                        p.since + self.cfg.window
+                    };
+                    missed = st.asleep.past(due);
                 }
             }
         }
+        missed |= st.waiting > 0 || st.bytes >= self.cfg.max_pending / 2;
+        // Claimers and flushers wait for the inode to leave flight; writers for room.
         self.done.notify_all();
-        // The committer skips inodes in flight and may sleep without a deadline while they
-        // are: it looks again now that this one is back (with restored or newer bytes).
-        self.wake.notify_one();
+        drop(guard);
+        // A claim that committed everything leaves the committer nothing to do: waking it
+        // anyway cost a futex wake and two context switches per claimed file (git writing an
+        // object, then linking it).
+        if missed {
+            self.wake.notify_one();
+        }
     }
 
     /// A commit of `b` failed: its bytes are dropped and the sticky failure recorded.

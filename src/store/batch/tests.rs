@@ -410,6 +410,62 @@ fn new_files_within_one_window_do_not_each_wake_the_committer() {
     assert_eq!(b.backend().lock().committed.len(), 199);
 }
 
+#[test]
+fn claims_that_commit_their_bytes_do_not_wake_the_committer() {
+    // An operation that commits a file's pending bytes itself (a link, rename or fsync of a
+    // file just written) leaves the committer nothing to do; a claim put back does not.
+    let b = Batcher::new(
+        Fake::default(),
+        cfg(2_000, 1024, 1 << 20, 1 << 30),
+        Default::default(),
+    );
+    b.start().unwrap();
+    b.write(Ino(1), 0, &[1u8; 10], Some(T));
+    std::thread::sleep(Duration::from_millis(50));
+    let before = b.state.lock().wakeups;
+    for i in 2..200 {
+        b.write(Ino(i), 0, &[1u8; 10], Some(T));
+        let c = b.claim(Ino(i)).unwrap();
+        b.finish(&c, Finish::Committed);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let woke = b.state.lock().wakeups - before;
+    assert!(woke <= 3, "the committer woke {woke} times for 198 claims");
+    b.shutdown().unwrap();
+    // The claimed bytes were committed by their claimers, not by the backend.
+    assert_eq!(b.backend().lock().committed.len(), 1);
+    assert_eq!(b.pending_bytes(), 0);
+
+    // A claim put back while the committer sleeps without a deadline (everything pending was
+    // in flight) must wake it.
+    let b = Batcher::new(
+        Fake::default(),
+        cfg(100, 1024, 1 << 20, 1 << 30),
+        Default::default(),
+    );
+    b.start().unwrap();
+    b.write(Ino(500), 0, &[5u8; 10], Some(T));
+    let c = b.claim(Ino(500)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(matches!(b.state.lock().asleep, Asleep::Forever));
+    let before = b.state.lock().wakeups;
+    b.finish(&c, Finish::Restore { clear_mtime: false });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while b.pending_bytes() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a restored claim was never committed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(b.state.lock().wakeups > before);
+    assert_eq!(
+        b.backend().lock().committed.get(&Ino(500)),
+        Some(&vec![5u8; 10])
+    );
+    b.shutdown().unwrap();
+}
+
 /// Extents against a byte-per-position model.
 #[test]
 fn extents_match_a_simple_model() {
