@@ -110,7 +110,13 @@ fn status_json_agrees(before: &ServerRecord, what: &str) {
         mem["request_buffers"].as_u64().unwrap() > 0,
         "{what}: {mem}"
     );
-    for key in ["sqlite", "caches", "write_batches", "request_buffers"] {
+    for key in [
+        "sqlite",
+        "caches",
+        "write_batches",
+        "request_buffers",
+        "reusable_buffers",
+    ] {
         let n = mem[key]
             .as_u64()
             .unwrap_or_else(|| panic!("{what}: memory.{key} in {mem}"));

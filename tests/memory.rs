@@ -180,6 +180,84 @@ fn small_budget_bounds_rss_and_idle_gives_back_uring() {
     budget_holds("small_budget_bounds_rss_and_idle_gives_back_uring", true);
 }
 
+/// Freed large buffers (committed 1 MiB WRITEs, sent 1 MiB READ replies) are kept for the next
+/// ones, never more than a quarter of the WRITE-data share, and freed when the server idles.
+fn buffers_reused(test: &str, uring: bool) {
+    if !common::fuse_or_skip(test) {
+        return;
+    }
+    let _param = if uring {
+        match common::UringParam::set("Y") {
+            Some(p) => Some(p),
+            None => {
+                eprintln!("SKIP {test}: enable_uring is not writable");
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    let m = Mounted::with_env(&[
+        ("AGENTFS_MEMORY_BUDGET_MIB", "64"),
+        ("AGENTFS_MEMORY_IDLE_MS", "4000"),
+        ("AGENTFS_FUSE_URING", if uring { "1" } else { "0" }),
+    ]);
+    let pid = m.server_pid();
+    let cap = 64 * MIB / 4 / 4;
+    let big: Vec<u8> = (0..MIB as usize).map(|i| (i % 253) as u8).collect();
+    let path = m.mnt.join("big");
+    let mut w = fs::File::create(&path).unwrap();
+    for _ in 0..24 {
+        w.write_all(&big).unwrap();
+    }
+    w.sync_all().unwrap();
+    drop(w);
+    let got = fs::read(&path).unwrap();
+    assert_eq!(got.len() as u64, 24 * MIB);
+    assert!(got.chunks(MIB as usize).all(|c| c == big.as_slice()));
+    let record = || {
+        agentfs::sys::registry::live()
+            .into_iter()
+            .find(|r| r.pid == pid)
+            .map(|r| r.memory.buffers)
+    };
+    // The status record is rewritten every few hundred milliseconds; idle comes at 4 s.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut held = 0;
+    while held == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        held = record().unwrap_or(0);
+    }
+    assert!(held > 0, "no freed buffer was kept for reuse");
+    assert!(
+        held <= cap,
+        "{held} bytes of kept buffers, above the cap of {cap}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while record() != Some(0) {
+        assert!(
+            Instant::now() < deadline,
+            "an idle server still keeps {:?} bytes of buffers",
+            record()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(m);
+}
+
+#[test]
+fn large_buffers_are_reused_and_freed_when_idle_devfuse() {
+    buffers_reused(
+        "large_buffers_are_reused_and_freed_when_idle_devfuse",
+        false,
+    );
+}
+
+#[test]
+fn large_buffers_are_reused_and_freed_when_idle_uring() {
+    buffers_reused("large_buffers_are_reused_and_freed_when_idle_uring", true);
+}
+
 /// At the default budget, deleting a large file leaves free pages that the idle server hands
 /// back step by step (each step fills the writer's page cache). The memory give-back comes
 /// after the last step, so the idle server ends at its floor rather than holding the page

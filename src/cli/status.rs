@@ -402,6 +402,7 @@ fn memory_json(m: &crate::memory::Usage) -> Value {
         "caches": m.caches,
         "write_batches": m.batch,
         "request_buffers": m.transport,
+        "reusable_buffers": m.buffers,
     })
 }
 
@@ -410,12 +411,13 @@ fn memory_line(m: &crate::memory::Usage) -> String {
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     format!(
         "memory: rss {:.1} MiB; budget {:.0} MiB: sqlite {:.1}, caches {:.1}, write batches {:.1}, \
-         request buffers {:.1}",
+         request buffers {:.1}, reusable buffers {:.1}",
         mib(m.rss),
         mib(m.budget),
         mib(m.sqlite),
         mib(m.caches),
         mib(m.batch),
-        mib(m.transport)
+        mib(m.transport),
+        mib(m.buffers)
     )
 }

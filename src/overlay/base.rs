@@ -194,7 +194,7 @@ impl BaseLayer {
             );
             return Err(Errno::EIO);
         }
-        let mut buf = vec![0u8; size as usize];
+        let mut buf = crate::memory::pool::buffers().zeroed(size as usize);
         let mut have = 0;
         while have < buf.len() {
             match f.file.read_at(&mut buf[have..], offset + have as u64) {

@@ -258,7 +258,7 @@ impl PartialFile {
         if off >= end {
             return Ok(Vec::new());
         }
-        let mut buf = vec![0u8; (end - off) as usize];
+        let mut buf = crate::memory::pool::buffers().zeroed((end - off) as usize);
         let owned = self.owned.lock().clone();
         let mut base_file = None;
         let mut pos = off;

@@ -43,6 +43,14 @@ pub enum Reply {
 }
 
 impl Reply {
+    /// Hand the body to the buffer pool once a transport has copied it out (a large READ's
+    /// buffer is then reused instead of mapped afresh).
+    pub fn recycle(self) {
+        if let Reply::Data(d) = self {
+            crate::memory::pool::buffers().give(d);
+        }
+    }
+
     /// Success with an empty body.
     pub fn empty() -> Reply {
         Reply::Data(Vec::new())

@@ -109,15 +109,23 @@ impl Extents {
                 new_end = new_end.max(e);
             }
         }
+        let total = (new_end - start) as usize;
         let mut buf = match prev.and_then(|s| self.map.remove(&s)) {
             Some(v) => {
                 self.bytes -= v.len() as u64;
                 v
             }
-            None => Vec::with_capacity(data.len()),
+            None => crate::memory::pool::buffers().take(total),
         };
-        buf.resize((new_end - start) as usize, 0);
-        buf[(off - start) as usize..(end - start) as usize].copy_from_slice(data);
+        // `buf` holds [start, off) at least; bytes written at its end need no zeroing first.
+        let at = (off - start) as usize;
+        if buf.len() == at {
+            buf.extend_from_slice(data);
+            buf.resize(total, 0);
+        } else {
+            buf.resize(total, 0);
+            buf[at..at + data.len()].copy_from_slice(data);
+        }
         for s in later {
             let Some(v) = self.map.remove(&s) else {
                 continue;
@@ -214,9 +222,19 @@ impl Extents {
 
     /// Put `older` underneath: where both hold bytes, ours win.
     pub fn put_under(&mut self, older: Extents) {
-        let newer = std::mem::replace(self, older);
-        for (s, v) in newer.map {
+        let mut newer = std::mem::replace(self, older);
+        for (s, v) in std::mem::take(&mut newer.map) {
             self.insert(s, &v);
+            crate::memory::pool::buffers().give(v);
+        }
+    }
+}
+
+impl Drop for Extents {
+    /// Committed or dropped bytes leave their large buffers to the next writes.
+    fn drop(&mut self) {
+        for (_, v) in std::mem::take(&mut self.map) {
+            crate::memory::pool::buffers().give(v);
         }
     }
 }

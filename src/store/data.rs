@@ -96,7 +96,7 @@ pub fn read(
         return Ok(Vec::new());
     }
     let end = off.saturating_add(len).min(size);
-    let mut buf = vec![0u8; usize_of(end - off)?];
+    let mut buf = crate::memory::pool::buffers().zeroed(usize_of(end - off)?);
     match &f.inline {
         Some(bytes) => {
             let have = (bytes.len() as u64).min(end);
@@ -574,7 +574,7 @@ pub fn read_sized(
         return Ok(Vec::new());
     }
     let end = off.saturating_add(len).min(size);
-    let mut buf = vec![0u8; usize_of(end - off)?];
+    let mut buf = crate::memory::pool::buffers().zeroed(usize_of(end - off)?);
     match &f.inline {
         Some(bytes) => {
             let have = (bytes.len() as u64).min(f.meta.size).min(end);

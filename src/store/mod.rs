@@ -1331,7 +1331,8 @@ impl Store {
             let mut buf = if view.cut {
                 // Truncated to zero since the stored contents: only pending bytes count.
                 let end = offset.saturating_add(len).min(view.end);
-                vec![0u8; usize::try_from(end.saturating_sub(offset)).map_err(|_| Errno::EFBIG)?]
+                let len = usize::try_from(end.saturating_sub(offset)).map_err(|_| Errno::EFBIG)?;
+                crate::memory::pool::buffers().zeroed(len)
             } else {
                 self.read_tx(|c| data::read_sized(c, cfg, ino, offset, len, view.end))?
             };

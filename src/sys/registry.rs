@@ -111,8 +111,8 @@ pub fn register(rec: &ServerRecord) -> std::io::Result<PathBuf> {
     );
     let m = &rec.memory;
     text.push_str(&format!(
-        "rss={}\nmem_budget={}\nmem_sqlite={}\nmem_caches={}\nmem_batch={}\nmem_transport={}\n",
-        m.rss, m.budget, m.sqlite, m.caches, m.batch, m.transport
+        "rss={}\nmem_budget={}\nmem_sqlite={}\nmem_caches={}\nmem_batch={}\nmem_transport={}\nmem_buffers={}\n",
+        m.rss, m.budget, m.sqlite, m.caches, m.batch, m.transport, m.buffers
     ));
     if let Some(log) = &rec.log {
         text.push_str(&format!("log={}\n", log.display()));
@@ -154,6 +154,7 @@ fn parse(text: &str) -> Option<ServerRecord> {
             Some(("mem_caches", v)) => rec.memory.caches = v.parse().unwrap_or(0),
             Some(("mem_batch", v)) => rec.memory.batch = v.parse().unwrap_or(0),
             Some(("mem_transport", v)) => rec.memory.transport = v.parse().unwrap_or(0),
+            Some(("mem_buffers", v)) => rec.memory.buffers = v.parse().unwrap_or(0),
             _ => {}
         }
     }

@@ -296,18 +296,19 @@ fn handle(dispatcher: &Dispatcher, msg: &[u8]) -> Option<(u64, Reply)> {
     }
 }
 
-/// Send the reply to request `unique`.
-fn deliver(chan: &Channel, unique: u64, reply: &Reply) {
+/// Send the reply to request `unique`; its body goes back to the buffer pool.
+fn deliver(chan: &Channel, unique: u64, reply: Reply) {
     let counter = match reply {
         Reply::None => &chan.unanswered,
         _ => &chan.served,
     };
     counter.fetch_add(1, Ordering::Relaxed);
-    if let Err(e) = chan.send(unique, reply) {
+    if let Err(e) = chan.send(unique, &reply) {
         if e.raw_os_error() != Some(libc::ENODEV) {
             tracing::warn!("reply to request {unique} failed: {e}");
         }
     }
+    reply.recycle();
 }
 
 /// The head of a transport thread's request buffer that stays resident: every request but a
@@ -317,7 +318,7 @@ const KEEP_RESIDENT: usize = 128 * 1024;
 /// Decode, handle and answer one whole request.
 fn answer(chan: &Channel, dispatcher: &Dispatcher, msg: &[u8]) {
     if let Some((unique, reply)) = handle(dispatcher, msg) {
-        deliver(chan, unique, &reply);
+        deliver(chan, unique, reply);
     }
 }
 
@@ -405,13 +406,21 @@ pub fn serve_loop(
                 // reach another thread at once.
                 drop(spared);
                 if let Some((unique, reply)) = answered {
-                    deliver(chan, unique, &reply);
+                    deliver(chan, unique, reply);
                 }
                 continue;
             }
         }
-        let owned = msg.to_vec();
+        let pool = crate::memory::pool::buffers();
+        let mut owned = pool.take(msg.len());
+        owned.extend_from_slice(msg);
         let chan = chan.clone();
-        shards.submit(key, Box::new(move |d| answer(&chan, d, &owned)));
+        shards.submit(
+            key,
+            Box::new(move |d| {
+                answer(&chan, d, &owned);
+                pool.give(owned);
+            }),
+        );
     }
 }

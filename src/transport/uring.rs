@@ -649,6 +649,7 @@ fn fill_reply(hdr: &mut [u8], payload: &mut [u8], dispatcher: &Dispatcher) {
         ..Default::default()
     };
     hdr[ENT_OFFSET..HEADER_SIZE].copy_from_slice(ent.as_bytes());
+    reply.recycle();
 }
 
 /// Start one pinned thread per queue.

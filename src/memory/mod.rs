@@ -9,7 +9,9 @@
 //! * Caches: the server's attribute, lookup and listing caches, weighed in bytes (a quarter,
 //!   a quarter and half of the share).
 //! * Batches: acknowledged-but-uncommitted WRITE data (`AGENTFS_BATCH_MAX_PENDING_MIB` caps it
-//!   further); at the cap writers wait for a commit, which starts at half of it.
+//!   further); at the cap writers wait for a commit, which starts at half of it. A quarter of
+//!   this share also bounds the free large buffers kept for reuse ([`pool`]): committed WRITE
+//!   data and copied-out READ replies, handed to the next ones instead of mapped afresh.
 //! * Transport: request buffers. A ring entry's payload must hold max_write bytes (the kernel
 //!   refuses a smaller one), so the ring's depth per queue is what the share holds
 //!   (`AGENTFS_FUSE_URING_DEPTH` caps it, at least one entry); the /dev/fuse threads' buffers
@@ -19,6 +21,8 @@
 //! prepared statements and the allocator's own slack (measured in kernel-notes/memory.md).
 
 use crate::knobs::Knobs;
+
+pub mod pool;
 
 const MIB: u64 = 1024 * 1024;
 
@@ -94,6 +98,8 @@ pub struct Usage {
     pub batch: u64,
     /// Request buffers: ring entries' payloads and the /dev/fuse threads' buffers.
     pub transport: u64,
+    /// Free large buffers kept for reuse ([`pool`]).
+    pub buffers: u64,
 }
 
 /// Watches a server for idleness and keeps its memory figures.
@@ -142,6 +148,7 @@ impl Idle {
         if let Err(e) = store.release_memory() {
             tracing::warn!("shrinking SQLite's memory failed: {e}");
         }
+        pool::buffers().clear();
         crate::sys::memory::trim();
         let after = crate::sys::memory::rss(None).unwrap_or(0);
         tracing::info!(
@@ -161,6 +168,7 @@ impl Idle {
             caches: store.cache_bytes(),
             batch: store.pending_bytes(),
             transport: self.transport,
+            buffers: pool::buffers().bytes() as u64,
         }
     }
 }
