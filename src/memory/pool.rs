@@ -38,24 +38,41 @@ impl Pool {
         }
     }
 
-    /// An empty buffer with room for `len` bytes: a recycled one when one is large enough.
-    pub fn take(&self, len: usize) -> Vec<u8> {
-        if len >= MIN {
-            let mut f = self.free.lock();
-            if let Some(i) = f.bufs.iter().position(|b| b.capacity() >= len) {
-                let b = f.bufs.swap_remove(i);
-                f.bytes -= b.capacity();
-                return b;
-            }
+    /// A recycled buffer with room for `len` bytes, if one fits: the smallest, and never one
+    /// more than twice as large (its pages stay resident while it holds `len` bytes, which is
+    /// what the pending-byte cap counts).
+    fn reuse(&self, len: usize) -> Option<Vec<u8>> {
+        if len < MIN {
+            return None;
         }
-        Vec::with_capacity(len)
+        let mut f = self.free.lock();
+        let i = f
+            .bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len && b.capacity() / 2 <= len)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i)?;
+        let b = f.bufs.swap_remove(i);
+        f.bytes -= b.capacity();
+        Some(b)
     }
 
-    /// A buffer of `len` zero bytes.
+    /// An empty buffer with room for `len` bytes: a recycled one when one fits.
+    pub fn take(&self, len: usize) -> Vec<u8> {
+        self.reuse(len).unwrap_or_else(|| Vec::with_capacity(len))
+    }
+
+    /// A buffer of `len` zero bytes. A new one comes zeroed from the allocator, its pages
+    /// untouched until written (a read over a hole need not fault them all in).
     pub fn zeroed(&self, len: usize) -> Vec<u8> {
-        let mut b = self.take(len);
-        b.resize(len, 0);
-        b
+        match self.reuse(len) {
+            Some(mut b) => {
+                b.resize(len, 0);
+                b
+            }
+            None => vec![0u8; len],
+        }
     }
 
     /// Keep `buf` for a later [`Pool::take`] if it is large and the pool has room; free it
@@ -125,7 +142,23 @@ mod tests {
         p.give(c);
         p.give(vec![0u8; MIN]);
         assert_eq!(p.bytes(), 3 * MIN);
+        // The smallest that fits, never one more than twice the request.
+        assert!(p.take(MIN / 2 * 3).capacity() == 2 * MIN);
+        assert_eq!(p.bytes(), MIN);
+        p.give(vec![0u8; 2 * MIN]);
+        let small = p.take(MIN);
+        assert_eq!(small.capacity(), MIN);
+        assert_eq!(p.bytes(), 2 * MIN);
         p.clear();
+        assert_eq!(p.bytes(), 0);
+        p.give(Vec::with_capacity(3 * MIN));
+        assert_eq!(
+            p.take(MIN).capacity(),
+            MIN,
+            "three times the request is too large"
+        );
+        assert_eq!(p.bytes(), 3 * MIN);
+        assert_eq!(p.take(MIN / 2 * 3).capacity(), 3 * MIN);
         assert_eq!(p.bytes(), 0);
     }
 }

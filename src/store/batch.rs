@@ -251,6 +251,8 @@ pub struct InodeBatch {
     pub ctime: Timespec,
     /// A truncate to zero to apply before the bytes, with its time (see [`Pending::cut`]).
     pub cut: Option<Timespec>,
+    /// When the bytes became pending: put back, they keep their deadline.
+    since: Instant,
 }
 
 /// Where committed batches go. The SQLite implementation lives in the store; tests use a fake.
@@ -638,6 +640,7 @@ impl<D: Durability> Batcher<D> {
                 mtime: p.mtime,
                 ctime: p.ctime,
                 cut: p.cut.take(),
+                since: p.since,
             });
             p.inflight = Some(b.clone());
             return Some(b);
@@ -673,20 +676,14 @@ impl<D: Durability> Batcher<D> {
                         } else {
                             p.mtime.or(b.mtime)
                         };
-                        if !b.extents.is_empty() {
-                            p.since = p.since.min(Instant::now());
+                        if !b.extents.is_empty() || b.cut.is_some() {
+                            p.since = p.since.min(b.since);
                         }
                     }
                 }
+                missed = self.sleeps_past(st.asleep, p);
                 if p.open_idle() {
                     st.inodes.remove(&b.ino);
-                } else {
-                    let due = if p.open.bytes() >= self.cfg.inode_trigger {
-                        Instant::now()
-                    } else {
-                        p.since + self.cfg.window
-                    };
-                    missed = st.asleep.past(due);
                 }
             }
         }
@@ -702,6 +699,21 @@ impl<D: Durability> Batcher<D> {
         }
     }
 
+    /// Whether the committer, asleep as `asleep`, would sleep past the deadline of `p`'s open
+    /// bytes: it skips an inode while a commit of it is in flight, so bytes written meanwhile
+    /// are news to it once that commit ends.
+    fn sleeps_past(&self, asleep: Asleep, p: &Pending) -> bool {
+        if p.open_idle() {
+            return false;
+        }
+        let due = if p.open.bytes() >= self.cfg.inode_trigger {
+            Instant::now()
+        } else {
+            p.since + self.cfg.window
+        };
+        asleep.past(due)
+    }
+
     /// A commit of `b` failed: its bytes are dropped and the sticky failure recorded.
     fn failed(&self, b: &Arc<InodeBatch>, e: Errno) {
         tracing::error!(
@@ -710,19 +722,25 @@ impl<D: Durability> Batcher<D> {
             b.ino.0
         );
         self.failure.lost_bytes(e, b.extents.bytes());
-        let mut st = self.state.lock();
-        let st = &mut *st;
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let mut missed = false;
         if let Some(p) = st.inodes.get_mut(&b.ino) {
             if p.inflight.as_ref().is_some_and(|x| Arc::ptr_eq(x, b)) {
                 p.inflight = None;
                 st.bytes -= b.extents.bytes();
                 self.version.fetch_add(1, Ordering::Release);
+                missed = self.sleeps_past(st.asleep, p);
                 if p.open_idle() {
                     st.inodes.remove(&b.ino);
                 }
             }
         }
         self.done.notify_all();
+        drop(guard);
+        if missed {
+            self.wake.notify_one();
+        }
     }
 
     /// The inode is gone (reaped): drop its pending bytes. Bytes of an in-flight commit are
@@ -806,6 +824,7 @@ impl<D: Durability> Batcher<D> {
                 mtime: p.mtime,
                 ctime: p.ctime,
                 cut: p.cut.take(),
+                since: p.since,
             });
             p.inflight = Some(b.clone());
             out.push(b);

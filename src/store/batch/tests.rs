@@ -466,6 +466,27 @@ fn claims_that_commit_their_bytes_do_not_wake_the_committer() {
     b.shutdown().unwrap();
 }
 
+#[test]
+fn a_claim_put_back_keeps_its_bytes_deadline() {
+    // Bytes written while a claim of older bytes was in flight set a later deadline; the older
+    // bytes, put back under them, must still be committed by theirs.
+    let b = Batcher::new(
+        Fake::default(),
+        cfg(60_000, 1024, 1 << 20, 1 << 30),
+        Default::default(),
+    );
+    b.start().unwrap();
+    b.write(Ino(7), 0, &[1u8; 10], Some(T));
+    let first = b.state.lock().inodes[&Ino(7)].since;
+    let c = b.claim(Ino(7)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    b.write(Ino(7), 100, &[2u8; 10], Some(T));
+    assert!(b.state.lock().inodes[&Ino(7)].since > first);
+    b.finish(&c, Finish::Restore { clear_mtime: false });
+    assert_eq!(b.state.lock().inodes[&Ino(7)].since, first);
+    b.shutdown().unwrap();
+}
+
 /// Extents against a byte-per-position model.
 #[test]
 fn extents_match_a_simple_model() {
