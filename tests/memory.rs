@@ -98,20 +98,27 @@ fn workload(root: &Path, round: u8) {
     }
 }
 
-fn budget_holds(test: &str, uring: bool) {
+/// What a test on `uring` (else /dev/fuse) needs: FUSE, and for the ring the kernel's switch
+/// set for as long as the returned guard lives. None: the test is skipped (said on stderr).
+fn transport_or_skip(test: &str, uring: bool) -> Option<Option<common::UringParam>> {
     if !common::fuse_or_skip(test) {
-        return;
+        return None;
     }
-    let _param = if uring {
-        match common::UringParam::set("Y") {
-            Some(p) => Some(p),
-            None => {
-                eprintln!("SKIP {test}: enable_uring is not writable");
-                return;
-            }
+    if !uring {
+        return Some(None);
+    }
+    match common::UringParam::set("Y") {
+        Some(p) => Some(Some(p)),
+        None => {
+            eprintln!("SKIP {test}: enable_uring is not writable");
+            None
         }
-    } else {
-        None
+    }
+}
+
+fn budget_holds(test: &str, uring: bool) {
+    let Some(_param) = transport_or_skip(test, uring) else {
+        return;
     };
     let budget = BUDGET_MIB.to_string();
     let m = Mounted::with_env(&[
@@ -183,19 +190,8 @@ fn small_budget_bounds_rss_and_idle_gives_back_uring() {
 /// Freed large buffers (committed 1 MiB WRITEs, sent 1 MiB READ replies) are kept for the next
 /// ones, never more than a quarter of the WRITE-data share, and freed when the server idles.
 fn buffers_reused(test: &str, uring: bool) {
-    if !common::fuse_or_skip(test) {
+    let Some(_param) = transport_or_skip(test, uring) else {
         return;
-    }
-    let _param = if uring {
-        match common::UringParam::set("Y") {
-            Some(p) => Some(p),
-            None => {
-                eprintln!("SKIP {test}: enable_uring is not writable");
-                return;
-            }
-        }
-    } else {
-        None
     };
     let m = Mounted::with_env(&[
         ("AGENTFS_MEMORY_BUDGET_MIB", "64"),
