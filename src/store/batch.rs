@@ -550,9 +550,9 @@ impl<D: Durability> Batcher<D> {
         if new_deadline {
             p.since = Instant::now();
         }
-        let missed = new_deadline && asleep.past(p.since + self.cfg.window);
         let before = p.open.bytes();
         p.open.insert(off, data);
+        let missed = new_deadline && self.sleeps_past(asleep, p);
         let after = p.open.bytes();
         if let Some(t) = now {
             p.mtime = Some(t);
@@ -586,10 +586,10 @@ impl<D: Durability> Batcher<D> {
         if new_deadline {
             p.since = Instant::now();
         }
-        let missed = new_deadline && asleep.past(p.since + self.cfg.window);
         let dropped = p.open.bytes();
         p.open = Extents::default();
         p.cut = Some(ctime);
+        let missed = new_deadline && self.sleeps_past(asleep, p);
         p.mtime = Some(mtime);
         p.ctime = p.ctime.max(ctime);
         st.bytes -= dropped;
@@ -700,8 +700,8 @@ impl<D: Durability> Batcher<D> {
     }
 
     /// Whether the committer, asleep as `asleep`, would sleep past the deadline of `p`'s open
-    /// bytes: it skips an inode while a commit of it is in flight, so bytes written meanwhile
-    /// are news to it once that commit ends.
+    /// bytes (or its pending cut): news to it when they open a new deadline, or when a commit
+    /// of the inode ends (it skips an inode while one is in flight).
     fn sleeps_past(&self, asleep: Asleep, p: &Pending) -> bool {
         if p.open_idle() {
             return false;
