@@ -56,7 +56,7 @@ knob_table! {
     wal_writeback_kib: U64 = 4096, [0, 1048576], Policy, "AGENTFS_WAL_WRITEBACK_KIB",
         "Each time the WAL has grown by this many KiB, the checkpoint thread starts the disk writes of its new pages without waiting (sync_file_range), so the barrier's fdatasync after a long write finds little left to write (0 = the pages wait for the barrier or the checkpoint). Needs the checkpoint thread (AGENTFS_WAL_CHECKPOINT_PAGES > 0).";
     wal_gather: Bool = true, [0, 1], KillSwitch, "AGENTFS_WAL_GATHER",
-        "Gather the server's WAL writes into one write(2) per committed transaction (at most 124 KiB each) instead of SQLite's two per 4 KiB page (a frame header, then the page); every committed frame is in the file before the commit is published to other connections (0 = SQLite writes each frame itself).";
+        "Gather the server's WAL writes into one write(2) per committed transaction (at most 124 KiB each) instead of SQLite's two per 4 KiB page (a frame header, then the page); every committed frame is in the file before the commit is published to other connections. Its checkpoints likewise read the WAL ahead and write the database file in runs of up to 124 KiB instead of one read and one write per page, while the space guard sees room (0 = SQLite writes each frame and copies each page itself).";
     batch: Bool = true, [0, 1], KillSwitch, "AGENTFS_BATCH",
         "Batch writes: acknowledge from memory, commit many inodes per transaction (0 = one SQLite transaction per WRITE).";
     batch_window_ms: U64 = 5, [0, 3600000], Policy, "AGENTFS_BATCH_WINDOW_MS",

@@ -215,6 +215,74 @@ fn the_wals_frames_are_gathered_into_large_writes() {
     }
 }
 
+/// Calls of `syscall` on the main database file in a strace log.
+fn db_calls(log: &Path, syscall: &str) -> usize {
+    let call = format!(" {syscall}(");
+    fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(&call) && l.contains("/db.sqlite>"))
+        .count()
+}
+
+/// The checkpoint thread copies the WAL's pages into the database file in writes of many
+/// pages, reading the WAL ahead (`AGENTFS_WAL_GATHER`), not one read and one write per 4 KiB
+/// page; what it copied reads back whole while the mount runs and after a remount.
+#[test]
+fn a_checkpoints_copies_are_gathered_into_large_writes() {
+    if !fuse_or_skip("a_checkpoints_copies_are_gathered_into_large_writes") {
+        return;
+    }
+    let pages = 4096; // 16 MiB of data, four times the checkpoint threshold below.
+    for (gather, gathered) in [("1", true), ("0", false)] {
+        let knob = format!("AGENTFS_WAL_GATHER={gather}");
+        let env = [&knob as &str, "AGENTFS_WAL_CHECKPOINT_PAGES=1000"];
+        let Some((mut m, _log_dir, log)) = traced_calls(&env, "pwrite64,pread64") else {
+            return;
+        };
+        let data = pattern(pages * 4096, 9);
+        let mut f = fs::File::create(m.path("copied")).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        // The thread copies at least the file's pages; wait until it has.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let copied = |log: &Path| {
+            if gathered {
+                db_calls(log, "pwrite64") * 30 >= pages
+            } else {
+                db_calls(log, "pwrite64") >= pages
+            }
+        };
+        while !copied(&log) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let (writes, reads) = (db_calls(&log, "pwrite64"), wal_calls(&log, "pread64"));
+        eprintln!("{knob}: {writes} writes to the database, {reads} reads of the WAL");
+        if gathered {
+            assert!(
+                (1..=pages / 8).contains(&writes),
+                "{writes} writes to the database file for {pages} pages with {knob}"
+            );
+            assert!(
+                reads <= pages / 8,
+                "{reads} reads of the WAL for {pages} pages with {knob}"
+            );
+        } else {
+            assert!(
+                writes >= pages,
+                "{writes} writes to the database file for {pages} pages with {knob}"
+            );
+        }
+        assert_eq!(fs::read(m.path("copied")).unwrap(), data);
+        m.unmount();
+        m.mount();
+        assert_eq!(fs::read(m.path("copied")).unwrap(), data);
+        m.unmount();
+    }
+}
+
 #[test]
 fn committed_work_is_made_durable_within_the_window_and_an_idle_mount_syncs_nothing() {
     if !fuse_or_skip(

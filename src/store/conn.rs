@@ -40,8 +40,9 @@ fn open_flags(readonly: bool) -> OpenFlags {
     rw | OpenFlags::SQLITE_OPEN_NO_MUTEX
 }
 
-/// The server's writer connection: [`open`] read-write, its WAL writes gathered
-/// (`crate::sys::walvfs`) unless `AGENTFS_WAL_GATHER` is off.
+/// A connection of the server that writes (its writer, its checkpoint thread): [`open`]
+/// read-write, its WAL writes and checkpoint copies gathered (`crate::sys::walvfs`) unless
+/// `AGENTFS_WAL_GATHER` is off.
 fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
     let gather = crate::knobs::get()
         .wal_gather
@@ -547,6 +548,8 @@ struct CkptShared {
     running: Mutex<()>,
     /// Whether Litestream has the checkpoints now.
     left: crate::replica::CheckpointsLeft,
+    /// The writer's low-space flag (the space guard's).
+    space_low: Arc<AtomicBool>,
 }
 
 impl Checkpointer {
@@ -563,6 +566,7 @@ impl Checkpointer {
             wake: Condvar::new(),
             running: Mutex::new(()),
             left: crate::replica::CheckpointsLeft::new(db),
+            space_low: space_low.clone(),
         });
         let (sh, path) = (shared.clone(), db.to_path_buf());
         let thread = match std::thread::Builder::new()
@@ -618,7 +622,13 @@ impl Checkpointer {
                     // Errors are not the commit's (it is done): the next commit tries again.
                     let running = sh.running.try_lock();
                     if let Some(_running) = running.filter(|_| !sh.left.get()) {
-                        if let Err(e) = wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE) {
+                        let mut run = || wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE);
+                        let done = if space_low.load(Ordering::Relaxed) {
+                            run()
+                        } else {
+                            crate::sys::walvfs::gathered_checkpoint(run)
+                        };
+                        if let Err(e) = done {
                             tracing::warn!("WAL checkpoint at {n} pages failed: {e}");
                         }
                     }
@@ -681,7 +691,7 @@ fn checkpoint_loop(db: &Path, sh: &CkptShared) {
             continue;
         }
         if conn.is_none() {
-            match open(db, false) {
+            match open_writer(db) {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
                     tracing::warn!("WAL checkpoint thread: {}: {e}", db.display());
@@ -691,7 +701,14 @@ fn checkpoint_loop(db: &Path, sh: &CkptShared) {
         }
         let Some(c) = &conn else { continue };
         let _running = sh.running.lock();
-        if let Err(e) = c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+        let run = || c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        // Gathered only while the space guard sees room for what the copies add to the file.
+        let done = if sh.space_low.load(Ordering::Relaxed) {
+            run()
+        } else {
+            crate::sys::walvfs::gathered_checkpoint(run)
+        };
+        if let Err(e) = done {
             tracing::warn!("WAL checkpoint of {} failed: {e}", db.display());
         }
     }

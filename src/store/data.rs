@@ -722,6 +722,14 @@ fn write_pieces(
             }
             covered = covered.max(at + d.len());
         }
+        if let [(_, 0, d)] = group {
+            if d.len() == limit {
+                // One piece is the whole row: stored as it is, without a copy.
+                put_chunk(c, ino, idx, d)?;
+                i = j;
+                continue;
+            }
+        }
         let mut row = if covered >= limit {
             vec![0u8; limit]
         } else if let Some(rowid) = stored_blob(c, ino, idx, limit)? {

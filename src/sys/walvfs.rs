@@ -14,8 +14,24 @@
 //! Frames of a transaction still open (spilled pages) may wait in the buffer: no one else may
 //! read them, and a crash loses them as it loses the transaction. A failed write is reported
 //! to SQLite by the call that triggered it, and the buffer is dropped with it.
+//!
+//! A checkpoint (SQLite copying the WAL's pages into the database file, in page order) reads
+//! one frame's page from the WAL and writes it to the database file per call: two system
+//! calls and a 4 KiB page-cache folio per page. On a thread that asked for it
+//! ([`gathered_checkpoint`]), between SQLite's `CKPT_START` and `CKPT_DONE` file controls on
+//! the database file, the WAL's reads are served from a read-ahead of [`CAP`] bytes and the
+//! database file's contiguous writes gather as the WAL's do. The gathered pages reach the file
+//! at `CKPT_DONE`, before SQLite publishes the backfill in the wal-index (the only place where
+//! readers learn that a page may be read from the database file). SQLite ignores that file
+//! control's result, so a failure there cannot fail the checkpoint: the write is retried once
+//! and then the process aborts, which leaves the files as a crash would (the WAL keeps every
+//! frame, and the next checkpoint copies them again). The caller asks for gathering only while
+//! the space guard sees room for the checkpoint's growth, so that write does not run out of
+//! space; a failed write before `CKPT_DONE` fails the checkpoint as without the buffer.
 
+use std::cell::Cell;
 use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use rusqlite::ffi;
@@ -56,7 +72,7 @@ pub fn register() -> Option<&'static CStr> {
         // SAFETY: `real` is a valid, registered VFS (above). The copy keeps its methods and
         // its pAppData, so every method but xOpen behaves exactly as the default VFS's.
         let mut vfs: ffi::sqlite3_vfs = unsafe { *real };
-        let needed = c_int::try_from(std::mem::size_of::<WalFile>()).ok()?;
+        let needed = c_int::try_from(std::mem::size_of::<Handle>()).ok()?;
         vfs.szOsFile = vfs.szOsFile.max(needed);
         vfs.zName = NAME.as_ptr();
         vfs.pNext = std::ptr::null_mut();
@@ -70,20 +86,63 @@ pub fn register() -> Option<&'static CStr> {
     .map(|_| NAME)
 }
 
-/// A WAL opened through this VFS: SQLite's handle, with the default VFS's handle behind it.
+thread_local! {
+    /// Whether this thread's checkpoints gather their copies ([`gathered_checkpoint`]).
+    static ASKED: Cell<bool> = const { Cell::new(false) };
+    /// The gathered checkpoint this thread is copying (between `CKPT_START` and `CKPT_DONE`),
+    /// 0 when none: the WAL's read-ahead belongs to one of them only.
+    static COPYING: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The last number given to a gathered checkpoint (of any thread: a connection may move
+/// between threads, its WAL's read-ahead with it).
+static COPIES: AtomicU64 = AtomicU64::new(0);
+
+/// Run `f`, a checkpoint on a connection of this VFS, with its copies gathered (see the module
+/// documentation): only while the space guard sees room for the checkpoint's growth.
+pub fn gathered_checkpoint<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ASKED.with(|a| a.set(self.0));
+            COPYING.with(|c| c.set(0));
+        }
+    }
+    let _restore = Restore(ASKED.with(|a| a.replace(true)));
+    f()
+}
+
+/// Which file a handle of this VFS is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A write-ahead log.
+    Wal,
+    /// A main database file.
+    Db,
+}
+
+/// A file opened through this VFS: SQLite's handle, with the default VFS's handle behind it.
 #[repr(C)]
-struct WalFile {
+struct Handle {
     base: ffi::sqlite3_file,
     real: *mut ffi::sqlite3_file,
     buf: *mut Buffer,
+    kind: Kind,
 }
 
-/// Writes not yet passed on: `data` belongs at offset `start` of the file.
+/// Writes not yet passed on, and a checkpoint's read-ahead.
 struct Buffer {
+    /// Bytes that belong at offset `start` of the file.
     data: Vec<u8>,
     start: i64,
-    /// The last write was the header of a commit frame: its page completes the commit.
+    /// The last write was the header of a commit frame: its page completes the commit (WAL).
     commit_next: bool,
+    /// The WAL's bytes from `ahead_start`, `ahead_len` of them, read for checkpoint
+    /// `ahead_of` (0: none). Allocated at the first read-ahead.
+    ahead: Vec<u8>,
+    ahead_start: i64,
+    ahead_len: usize,
+    ahead_of: u64,
 }
 
 fn real_vfs() -> *mut ffi::sqlite3_vfs {
@@ -105,10 +164,14 @@ unsafe extern "C" fn open(
     let Some(real_open) = (unsafe { real.as_ref() }).and_then(|v| v.xOpen) else {
         return ffi::SQLITE_ERROR;
     };
-    if flags & ffi::SQLITE_OPEN_WAL == 0 {
+    let kind = if flags & ffi::SQLITE_OPEN_WAL != 0 {
+        Kind::Wal
+    } else if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 {
+        Kind::Db
+    } else {
         // SAFETY: `file` has szOsFile bytes, at least the default VFS's (see register).
         return unsafe { real_open(real, name, file, flags, out_flags) };
-    }
+    };
     // SAFETY: `real` is valid (above).
     let size = unsafe { (*real).szOsFile };
     let Ok(bytes) = u64::try_from(size) else {
@@ -125,10 +188,16 @@ unsafe extern "C" fn open(
     unsafe { std::ptr::write_bytes(inner.cast::<u8>(), 0, bytes as usize) };
     // SAFETY: `inner` is a zeroed handle of the default VFS's size.
     let rc = unsafe { real_open(real, name, inner, flags, out_flags) };
-    if rc != ffi::SQLITE_OK {
+    // A database file stands in for the default one's only with its whole interface (shared
+    // memory and memory mapping are version 3); otherwise it is opened as SQLite would.
+    // SAFETY: after a successful open the default VFS's handle has its methods set.
+    let unwrapped = rc == ffi::SQLITE_OK
+        && kind == Kind::Db
+        && unsafe { (*inner).pMethods.as_ref() }.is_none_or(|m| m.iVersion < 3);
+    if rc != ffi::SQLITE_OK || unwrapped {
         // SAFETY: a failed open that left methods set still wants its close (SQLite's xOpen
-        // contract); `inner` is ours to free after it, and a NULL pMethods on `file` tells
-        // SQLite that nothing is open.
+        // contract), as does an unwrapped one; `inner` is ours to free after it, and a NULL
+        // pMethods on `file` tells SQLite that nothing is open.
         unsafe {
             if let Some(close) = (*inner).pMethods.as_ref().and_then(|m| m.xClose) {
                 close(inner);
@@ -136,22 +205,33 @@ unsafe extern "C" fn open(
             ffi::sqlite3_free(inner.cast());
             (*file).pMethods = std::ptr::null();
         }
+        if unwrapped {
+            // SAFETY: as for any file this VFS does not wrap.
+            return unsafe { real_open(real, name, file, flags, out_flags) };
+        }
         return rc;
     }
     let buf = Box::into_raw(Box::new(Buffer {
-        data: Vec::with_capacity(CAP),
+        data: Vec::with_capacity(if kind == Kind::Wal { CAP } else { 0 }),
         start: 0,
         commit_next: false,
+        ahead: Vec::new(),
+        ahead_start: 0,
+        ahead_len: 0,
+        ahead_of: 0,
     }));
-    // SAFETY: `file` has at least size_of::<WalFile>() bytes (register), suitably aligned by
+    let methods = match kind {
+        Kind::Wal => &WAL_METHODS,
+        Kind::Db => &DB_METHODS,
+    };
+    // SAFETY: `file` has at least size_of::<Handle>() bytes (register), suitably aligned by
     // SQLite's allocator; it is written whole before SQLite uses it.
     unsafe {
-        file.cast::<WalFile>().write(WalFile {
-            base: ffi::sqlite3_file {
-                pMethods: &WAL_METHODS,
-            },
+        file.cast::<Handle>().write(Handle {
+            base: ffi::sqlite3_file { pMethods: methods },
             real: inner,
             buf,
+            kind,
         })
     };
     ffi::SQLITE_OK
@@ -179,22 +259,53 @@ static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     xUnfetch: None,
 };
 
-/// The WAL handle behind SQLite's `file` and its default-VFS handle's methods.
+static DB_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+    iVersion: 3,
+    xShmMap: Some(shm_map),
+    xShmLock: Some(shm_lock),
+    xShmBarrier: Some(shm_barrier),
+    xShmUnmap: Some(shm_unmap),
+    xFetch: Some(fetch),
+    xUnfetch: Some(unfetch),
+    ..WAL_METHODS
+};
+
+/// The handle behind SQLite's `file`, its default-VFS handle's methods, and which file it is.
 ///
 /// # Safety
-/// `file` must be a handle `open` initialised as a WAL and not yet closed.
+/// `file` must be a handle `open` initialised and not yet closed.
 unsafe fn parts<'a>(
     file: *mut ffi::sqlite3_file,
 ) -> (
     &'a mut Buffer,
     *mut ffi::sqlite3_file,
     &'a ffi::sqlite3_io_methods,
+    Kind,
 ) {
-    // SAFETY: per the contract, `file` is a live WalFile whose `real` handle was opened by the
+    // SAFETY: per the contract, `file` is a live Handle whose `real` handle was opened by the
     // default VFS (so its pMethods is set) and whose `buf` is a live Box.
     unsafe {
-        let w = &*file.cast::<WalFile>();
-        (&mut *w.buf, w.real, &*(*w.real).pMethods)
+        let w = &*file.cast::<Handle>();
+        (&mut *w.buf, w.real, &*(*w.real).pMethods, w.kind)
+    }
+}
+
+/// Write the buffer to the file behind it; the buffer keeps its bytes.
+///
+/// # Safety
+/// `real` must be the open default-VFS handle the buffer belongs to, `m` its methods.
+unsafe fn write_out(
+    buf: &Buffer,
+    real: *mut ffi::sqlite3_file,
+    m: &ffi::sqlite3_io_methods,
+) -> c_int {
+    if buf.data.is_empty() {
+        return ffi::SQLITE_OK;
+    }
+    match (c_int::try_from(buf.data.len()), m.xWrite) {
+        // SAFETY: `real` is open (contract); the bytes are valid for `len` during the call.
+        (Ok(len), Some(w)) => unsafe { w(real, buf.data.as_ptr().cast(), len, buf.start) },
+        _ => ffi::SQLITE_IOERR_WRITE,
     }
 }
 
@@ -202,20 +313,14 @@ unsafe fn parts<'a>(
 /// outcome.
 ///
 /// # Safety
-/// `real` must be the open default-VFS handle the buffer belongs to, `m` its methods.
+/// As for [`write_out`].
 unsafe fn flush_to(
     buf: &mut Buffer,
     real: *mut ffi::sqlite3_file,
     m: &ffi::sqlite3_io_methods,
 ) -> c_int {
-    if buf.data.is_empty() {
-        return ffi::SQLITE_OK;
-    }
-    let rc = match (c_int::try_from(buf.data.len()), m.xWrite) {
-        // SAFETY: `real` is open (contract); the bytes are valid for `len` during the call.
-        (Ok(len), Some(w)) => unsafe { w(real, buf.data.as_ptr().cast(), len, buf.start) },
-        _ => ffi::SQLITE_IOERR_WRITE,
-    };
+    // SAFETY: per the contract.
+    let rc = unsafe { write_out(buf, real, m) };
     buf.data.clear();
     rc
 }
@@ -226,7 +331,7 @@ unsafe fn flush_to(
 /// As for [`parts`].
 unsafe fn flush(file: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: per the contract.
-    let (buf, real, m) = unsafe { parts(file) };
+    let (buf, real, m, _) = unsafe { parts(file) };
     // SAFETY: `real` and `m` belong to `buf`'s handle.
     unsafe { flush_to(buf, real, m) }
 }
@@ -236,7 +341,7 @@ unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
     let rc = unsafe { flush(file) };
     // SAFETY: as above; after this the handle is not used again.
     unsafe {
-        let w = &mut *file.cast::<WalFile>();
+        let w = &mut *file.cast::<Handle>();
         let m = &*(*w.real).pMethods;
         let closed = m.xClose.map_or(ffi::SQLITE_OK, |c| c(w.real));
         ffi::sqlite3_free(w.real.cast());
@@ -259,8 +364,11 @@ unsafe extern "C" fn write(
     let Ok(n) = usize::try_from(amt) else {
         return ffi::SQLITE_IOERR_WRITE;
     };
-    if n >= CAP {
-        // Larger than any frame: written as it comes, after what is gathered.
+    // SAFETY: SQLite calls this on an open handle.
+    let (buf, real, m, kind) = unsafe { parts(file) };
+    if n >= CAP || (kind == Kind::Db && COPYING.with(Cell::get) == 0) {
+        // Larger than any frame, or a database write outside a gathered checkpoint: written as
+        // it comes, after what is gathered.
         // SAFETY: SQLite calls this on an open handle with its own arguments.
         return unsafe {
             flushed(file, ffi::SQLITE_IOERR_WRITE, |real, m| {
@@ -268,8 +376,6 @@ unsafe extern "C" fn write(
             })
         };
     }
-    // SAFETY: SQLite calls this on an open handle.
-    let (buf, real, m) = unsafe { parts(file) };
     let end = buf.start + buf.data.len() as i64;
     if !buf.data.is_empty() && (offset != end || buf.data.len() + n > CAP) {
         // SAFETY: `real` and `m` belong to `buf`'s handle.
@@ -284,6 +390,9 @@ unsafe extern "C" fn write(
     // SAFETY: SQLite passes `amt` readable bytes at `data`, valid during the call.
     let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), n) };
     buf.data.extend_from_slice(bytes);
+    if kind == Kind::Db {
+        return ffi::SQLITE_OK;
+    }
     if buf.commit_next {
         // This write is the page of a commit frame: the transaction's frames go out now.
         buf.commit_next = false;
@@ -299,13 +408,13 @@ unsafe extern "C" fn write(
 ///
 /// # Safety
 /// As for [`parts`]; `call` gets the open default-VFS handle and its methods.
-unsafe fn forward(
+unsafe fn forward<T>(
     file: *mut ffi::sqlite3_file,
-    missing: c_int,
-    call: impl FnOnce(*mut ffi::sqlite3_file, &ffi::sqlite3_io_methods) -> Option<c_int>,
-) -> c_int {
+    missing: T,
+    call: impl FnOnce(*mut ffi::sqlite3_file, &ffi::sqlite3_io_methods) -> Option<T>,
+) -> T {
     // SAFETY: per the contract.
-    let (_, real, m) = unsafe { parts(file) };
+    let (_, real, m, _) = unsafe { parts(file) };
     call(real, m).unwrap_or(missing)
 }
 
@@ -333,12 +442,69 @@ unsafe extern "C" fn read(
     amt: c_int,
     offset: i64,
 ) -> c_int {
+    let copying = COPYING.with(Cell::get);
+    // SAFETY: SQLite calls this on an open handle.
+    if copying != 0 && unsafe { parts(file) }.3 == Kind::Wal {
+        // SAFETY: as above, with SQLite's own arguments.
+        return unsafe { read_ahead(file, data, amt, offset, copying) };
+    }
     // SAFETY: SQLite calls this on an open handle with its own arguments, passed on as they are.
     unsafe {
         flushed(file, ffi::SQLITE_IOERR_READ, |real, m| {
             m.xRead.map(|f| f(real, data, amt, offset))
         })
     }
+}
+
+/// A checkpoint's read of a frame's page from the WAL: served from the read-ahead, which is
+/// filled with the [`CAP`] bytes from `offset` when it does not hold them. The frames a
+/// checkpoint copies do not change while it runs (the WAL starts over only after a checkpoint
+/// published that it copied all of them); only bytes read during this checkpoint are served.
+/// Near the end of the file (a short read-ahead) the page is read as it is asked for.
+///
+/// # Safety
+/// As for [`parts`]; `data` has `amt` writable bytes.
+unsafe fn read_ahead(
+    file: *mut ffi::sqlite3_file,
+    data: *mut c_void,
+    amt: c_int,
+    offset: i64,
+    copying: u64,
+) -> c_int {
+    // SAFETY: per the contract.
+    let rc = unsafe { flush(file) };
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    // SAFETY: per the contract.
+    let (buf, real, m, _) = unsafe { parts(file) };
+    let (Ok(n), Some(xread)) = (usize::try_from(amt), m.xRead) else {
+        return ffi::SQLITE_IOERR_READ;
+    };
+    let held = |b: &Buffer| {
+        b.ahead_of == copying
+            && offset >= b.ahead_start
+            && offset - b.ahead_start + n as i64 <= b.ahead_len as i64
+    };
+    if !held(buf) && n < CAP {
+        buf.ahead.resize(CAP, 0);
+        buf.ahead_of = 0;
+        // SAFETY: `real` is open; `ahead` has CAP writable bytes.
+        let rc = unsafe { xread(real, buf.ahead.as_mut_ptr().cast(), CAP as c_int, offset) };
+        if rc == ffi::SQLITE_OK {
+            (buf.ahead_start, buf.ahead_len, buf.ahead_of) = (offset, CAP, copying);
+        } else if rc != ffi::SQLITE_IOERR_SHORT_READ {
+            return rc;
+        }
+    }
+    if !held(buf) {
+        // SAFETY: as SQLite would have called it.
+        return unsafe { xread(real, data, amt, offset) };
+    }
+    let at = (offset - buf.ahead_start) as usize;
+    // SAFETY: `data` has `amt` writable bytes (contract), `ahead` holds them at `at` (held).
+    unsafe { std::ptr::copy_nonoverlapping(buf.ahead.as_ptr().add(at), data.cast::<u8>(), n) };
+    ffi::SQLITE_OK
 }
 
 unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
@@ -400,11 +566,54 @@ unsafe extern "C" fn file_control(
     op: c_int,
     arg: *mut c_void,
 ) -> c_int {
+    // SAFETY: as in `read`.
+    let kind = unsafe { parts(file) }.3;
+    if kind == Kind::Db && op == ffi::SQLITE_FCNTL_CKPT_START && ASKED.with(Cell::get) {
+        let n = COPIES
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_add(1)
+            .max(1);
+        COPYING.with(|c| c.set(n));
+    } else if kind == Kind::Db && op == ffi::SQLITE_FCNTL_CKPT_DONE {
+        COPYING.with(|c| c.set(0));
+        // SAFETY: as in `read`.
+        unsafe { copied(file) };
+    }
     // SAFETY: as in `read`; `arg` is whatever SQLite passes for `op`.
     unsafe {
         flushed(file, ffi::SQLITE_NOTFOUND, |real, m| {
             m.xFileControl.map(|f| f(real, op, arg))
         })
+    }
+}
+
+/// The end of a checkpoint's copies: its gathered pages go to the database file before SQLite
+/// publishes the backfill. SQLite does not look at this call's result, so a failure must not
+/// return: one more try, then the process ends as in a crash (see the module documentation).
+///
+/// # Safety
+/// As for [`parts`].
+unsafe fn copied(file: *mut ffi::sqlite3_file) {
+    // SAFETY: per the contract.
+    let (buf, real, m, _) = unsafe { parts(file) };
+    if buf.data.is_empty() {
+        return;
+    }
+    // SAFETY: `real` and `m` belong to `buf`'s handle.
+    let mut rc = unsafe { write_out(buf, real, m) };
+    if rc != ffi::SQLITE_OK {
+        // SAFETY: as above.
+        rc = unsafe { write_out(buf, real, m) };
+    }
+    let bytes = buf.data.len();
+    buf.data.clear();
+    if rc != ffi::SQLITE_OK {
+        tracing::error!(
+            "a WAL checkpoint's last {bytes} bytes could not be written to the database file \
+             (SQLite error {rc}); stopping before SQLite records them as copied, as a crash \
+             would: the WAL keeps them"
+        );
+        std::process::abort();
     }
 }
 
@@ -416,6 +625,72 @@ unsafe extern "C" fn sector_size(file: *mut ffi::sqlite3_file) -> c_int {
 unsafe extern "C" fn device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: as in `lock`.
     unsafe { forward(file, 0, |real, m| m.xDeviceCharacteristics.map(|f| f(real))) }
+}
+
+unsafe extern "C" fn shm_map(
+    file: *mut ffi::sqlite3_file,
+    region: c_int,
+    size: c_int,
+    extend: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: as in `lock`; `out` is SQLite's out pointer.
+    unsafe {
+        forward(file, ffi::SQLITE_IOERR_SHMMAP, |real, m| {
+            m.xShmMap.map(|f| f(real, region, size, extend, out))
+        })
+    }
+}
+
+unsafe extern "C" fn shm_lock(
+    file: *mut ffi::sqlite3_file,
+    offset: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: as in `lock`.
+    unsafe {
+        forward(file, ffi::SQLITE_IOERR_SHMLOCK, |real, m| {
+            m.xShmLock.map(|f| f(real, offset, n, flags))
+        })
+    }
+}
+
+unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
+    // SAFETY: as in `lock`.
+    unsafe { forward(file, (), |real, m| m.xShmBarrier.map(|f| f(real))) }
+}
+
+unsafe extern "C" fn shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
+    // SAFETY: as in `lock`.
+    unsafe {
+        forward(file, ffi::SQLITE_OK, |real, m| {
+            m.xShmUnmap.map(|f| f(real, delete))
+        })
+    }
+}
+
+unsafe extern "C" fn fetch(
+    file: *mut ffi::sqlite3_file,
+    offset: i64,
+    amt: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: as in `read`; a mapping must see the gathered bytes. `out` is SQLite's.
+    unsafe {
+        flushed(file, ffi::SQLITE_OK, |real, m| {
+            m.xFetch.map(|f| f(real, offset, amt, out))
+        })
+    }
+}
+
+unsafe extern "C" fn unfetch(file: *mut ffi::sqlite3_file, offset: i64, p: *mut c_void) -> c_int {
+    // SAFETY: as in `lock`.
+    unsafe {
+        forward(file, ffi::SQLITE_OK, |real, m| {
+            m.xUnfetch.map(|f| f(real, offset, p))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -462,6 +737,82 @@ mod tests {
         drop(w);
         let again = Connection::open(&path).unwrap();
         assert_eq!(count(&again), 140);
+        let ok: String = again
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(ok, "ok");
+    }
+
+    fn rows(c: &Connection) -> Vec<(i64, Vec<u8>)> {
+        let mut st = c.prepare("SELECT rowid, x FROM t ORDER BY rowid").unwrap();
+        st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    fn checkpoint(c: &Connection) -> (i64, i64) {
+        c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+            Ok((r.get(1)?, r.get(2)?))
+        })
+        .unwrap()
+    }
+
+    /// A gathered checkpoint's pages are in the database file when SQLite records them as
+    /// copied: a reader that starts after a partial checkpoint (an older reader kept the rest
+    /// in the WAL) reads the copied pages from the file, and sees every row.
+    #[test]
+    fn a_gathered_checkpoint_copies_every_page_before_readers_use_the_database_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let vfs = super::register().expect("the VFS registers");
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
+        let w = Connection::open_with_flags_and_vfs(&path, flags, vfs).unwrap();
+        let _: String = w
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .unwrap();
+        w.execute_batch(
+            "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0; CREATE TABLE t (x BLOB)",
+        )
+        .unwrap();
+        let insert = |from: u8, to: u8| {
+            for i in from..to {
+                w.execute("INSERT INTO t VALUES (?1)", [vec![i; 20 * 1024]])
+                    .unwrap();
+            }
+        };
+        let expect = |c: &Connection, n: u8| {
+            let got = rows(c);
+            assert_eq!(got.len(), usize::from(n));
+            for (i, (_, x)) in got.iter().enumerate() {
+                assert!(x.len() == 20 * 1024 && x.iter().all(|b| usize::from(*b) == i));
+            }
+        };
+        insert(0, 100);
+        // An older reader keeps its snapshot: the checkpoint may copy only the frames before it.
+        let old = Connection::open(&path).unwrap();
+        old.execute_batch("BEGIN").unwrap();
+        expect(&old, 100);
+        insert(100, 200);
+        let ck = Connection::open_with_flags_and_vfs(&path, OpenFlags::SQLITE_OPEN_READ_WRITE, vfs)
+            .unwrap();
+        let (log, done) = super::gathered_checkpoint(|| checkpoint(&ck));
+        assert!(
+            0 < done && done < log,
+            "a partial checkpoint: {done} of {log} frames"
+        );
+        let new = Connection::open(&path).unwrap();
+        expect(&new, 200);
+        expect(&old, 100);
+        old.execute_batch("COMMIT").unwrap();
+        let (log, done) = super::gathered_checkpoint(|| checkpoint(&ck));
+        assert_eq!(done, log, "the whole WAL copied once no reader holds it");
+        // A reader of the database file alone (the WAL starts over at the next write).
+        insert(200, 201);
+        expect(&Connection::open(&path).unwrap(), 201);
+        drop((old, new, ck, w));
+        let again = Connection::open(&path).unwrap();
+        expect(&again, 201);
         let ok: String = again
             .query_row("PRAGMA integrity_check", [], |r| r.get(0))
             .unwrap();
