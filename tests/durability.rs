@@ -245,19 +245,18 @@ fn a_checkpoints_copies_are_gathered_into_large_writes() {
         f.write_all(&data).unwrap();
         f.sync_all().unwrap();
         drop(f);
-        // The thread copies at least the file's pages; wait until it has.
+        // The thread copies at least the file's pages: wait until its writes stop.
         let deadline = Instant::now() + Duration::from_secs(20);
-        let copied = |log: &Path| {
-            if gathered {
-                db_calls(log, "pwrite64") * 30 >= pages
-            } else {
-                db_calls(log, "pwrite64") >= pages
+        let mut seen = (0, Instant::now());
+        while Instant::now() < deadline {
+            let now = db_calls(&log, "pwrite64");
+            if now != seen.0 {
+                seen = (now, Instant::now());
+            } else if now > 0 && seen.1.elapsed() > Duration::from_millis(500) {
+                break;
             }
-        };
-        while !copied(&log) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(Duration::from_millis(300));
         let (writes, reads) = (db_calls(&log, "pwrite64"), wal_calls(&log, "pread64"));
         eprintln!("{knob}: {writes} writes to the database, {reads} reads of the WAL");
         if gathered {

@@ -12,25 +12,34 @@
 //! - the buffer holds [`CAP`] bytes.
 //!
 //! Frames of a transaction still open (spilled pages) may wait in the buffer: no one else may
-//! read them, and a crash loses them as it loses the transaction. A failed write is reported
-//! to SQLite by the call that triggered it, and the buffer is dropped with it.
+//! read them, and a crash loses them as it loses the transaction. A frame header written below
+//! the furthest write (SQLite fixing the checksums of a transaction that wrote a spilled page
+//! again, the commit frame's header last, with no page after it) goes to the file at once. A
+//! failed write is reported to SQLite by the call that triggered it, and the buffer is dropped
+//! with it.
 //!
 //! A checkpoint (SQLite copying the WAL's pages into the database file, in page order) reads
 //! one frame's page from the WAL and writes it to the database file per call: two system
 //! calls and a 4 KiB page-cache folio per page. On a thread that asked for it
 //! ([`gathered_checkpoint`]), between SQLite's `CKPT_START` and `CKPT_DONE` file controls on
-//! the database file, the WAL's reads are served from a read-ahead of [`CAP`] bytes and the
-//! database file's contiguous writes gather as the WAL's do. The gathered pages reach the file
-//! at `CKPT_DONE`, before SQLite publishes the backfill in the wal-index (the only place where
-//! readers learn that a page may be read from the database file). SQLite ignores that file
-//! control's result, so a failure there cannot fail the checkpoint: the write is retried once
-//! and then the process aborts, which leaves the files as a crash would (the WAL keeps every
-//! frame, and the next checkpoint copies them again). The caller asks for gathering only while
-//! the space guard sees room for the checkpoint's growth, so that write does not run out of
-//! space; a failed write before `CKPT_DONE` fails the checkpoint as without the buffer.
+//! the database file, the WAL's reads that follow each other in the file are served from a
+//! read-ahead of [`CAP`] bytes, and the database file's contiguous writes gather as the WAL's
+//! do. The gathered pages reach the file at `CKPT_DONE`, before SQLite publishes the backfill
+//! in the wal-index (the only place where readers learn that a page may be read from the
+//! database file). SQLite ignores that file control's result, so a failure there cannot fail
+//! the checkpoint: the write is retried once and then the process aborts, which leaves the
+//! files as a crash would (the WAL keeps every frame, and the next checkpoint copies them
+//! again). So that this cannot come from a full disk, copies gather only on filesystems that
+//! overwrite a file's blocks in place (ext2/3/4, XFS, tmpfs: an overwrite needs no new space),
+//! and what they add to the file is reserved first (fallocate at SQLite's size hint, which
+//! comes before the first copy; if it fails, SQLite writes each page itself and a failure is
+//! the checkpoint's). The server also asks only while its space guard is not low. A failed
+//! write before `CKPT_DONE` fails the checkpoint as without the buffer.
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_void, CStr};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
@@ -98,6 +107,10 @@ thread_local! {
 /// between threads, its WAL's read-ahead with it).
 static COPIES: AtomicU64 = AtomicU64::new(0);
 
+/// Database writes gathered and WAL reads served from the read-ahead, for the tests.
+#[cfg(test)]
+static GATHERED: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
 /// Run `f`, a checkpoint on a connection of this VFS, with its copies gathered (see the module
 /// documentation): only while the space guard sees room for the checkpoint's growth.
 pub fn gathered_checkpoint<T>(f: impl FnOnce() -> T) -> T {
@@ -128,6 +141,10 @@ struct Handle {
     real: *mut ffi::sqlite3_file,
     buf: *mut Buffer,
     kind: Kind,
+    /// A database file's descriptor on which a checkpoint's copies may gather
+    /// ([`copy_target`]), -1 when they may not, and the file's identity.
+    copy_fd: c_int,
+    copy_id: (u64, u64),
 }
 
 /// Writes not yet passed on, and a checkpoint's read-ahead.
@@ -137,12 +154,19 @@ struct Buffer {
     start: i64,
     /// The last write was the header of a commit frame: its page completes the commit (WAL).
     commit_next: bool,
+    /// The end of the furthest write passed to this handle since the WAL last started over
+    /// (WAL): a frame header written below it rewrites a frame already written.
+    high: i64,
     /// The WAL's bytes from `ahead_start`, `ahead_len` of them, read for checkpoint
     /// `ahead_of` (0: none). Allocated at the first read-ahead.
     ahead: Vec<u8>,
     ahead_start: i64,
     ahead_len: usize,
     ahead_of: u64,
+    /// Where the checkpoint `next_of` would read next if it reads the WAL in order: the
+    /// read-ahead is filled only for a read there.
+    next_read: i64,
+    next_of: u64,
 }
 
 fn real_vfs() -> *mut ffi::sqlite3_vfs {
@@ -215,14 +239,22 @@ unsafe extern "C" fn open(
         data: Vec::with_capacity(if kind == Kind::Wal { CAP } else { 0 }),
         start: 0,
         commit_next: false,
+        high: 0,
         ahead: Vec::new(),
         ahead_start: 0,
         ahead_len: 0,
         ahead_of: 0,
+        next_read: 0,
+        next_of: 0,
     }));
     let methods = match kind {
         Kind::Wal => &WAL_METHODS,
         Kind::Db => &DB_METHODS,
+    };
+    let (copy_fd, copy_id) = match kind {
+        // SAFETY: `inner` is open, of the default VFS's size; `name` is SQLite's.
+        Kind::Db => unsafe { copy_target(inner, size, name) }.unwrap_or((-1, (0, 0))),
+        Kind::Wal => (-1, (0, 0)),
     };
     // SAFETY: `file` has at least size_of::<Handle>() bytes (register), suitably aligned by
     // SQLite's allocator; it is written whole before SQLite uses it.
@@ -232,9 +264,95 @@ unsafe extern "C" fn open(
             real: inner,
             buf,
             kind,
+            copy_fd,
+            copy_id,
         })
     };
     ffi::SQLITE_OK
+}
+
+/// The filesystems on which a checkpoint's copies gather: an overwrite of a file's blocks needs
+/// no new space there, and fallocate reserves what the copies add (ext2/3/4, XFS, tmpfs).
+const IN_PLACE: [libc::__fsword_t; 3] = [0xEF53, 0x5846_5342, 0x0102_1994];
+
+/// The descriptor of the database file the default VFS opened as `inner`, and the file's
+/// (device, inode), if a checkpoint's copies may gather on it. SQLite's unix VFS keeps the
+/// descriptor after three pointers in its handle; the number found there is taken only if it
+/// is a descriptor of the file `name` names, open for writing, on a filesystem of [`IN_PLACE`].
+///
+/// # Safety
+/// `inner` must be an open handle of the default VFS, `size` bytes long; `name` SQLite's name
+/// of the file (NULL or a C string).
+unsafe fn copy_target(
+    inner: *mut ffi::sqlite3_file,
+    size: c_int,
+    name: ffi::sqlite3_filename,
+) -> Option<(c_int, (u64, u64))> {
+    let at = 3 * std::mem::size_of::<*const c_void>();
+    if name.is_null() || usize::try_from(size).ok()? < at + std::mem::size_of::<c_int>() {
+        return None;
+    }
+    // SAFETY: the handle has `size` bytes (contract), more than `at` plus an int.
+    let fd = unsafe { inner.cast::<u8>().add(at).cast::<c_int>().read_unaligned() };
+    // SAFETY: `name` is a C string (contract).
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(
+        unsafe { CStr::from_ptr(name) }.to_bytes(),
+    ));
+    let named = std::fs::metadata(path).ok()?;
+    let id = identity(fd)?;
+    // SAFETY: F_GETFL on any number only reads the descriptor's flags or fails.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: fstatfs writes a statfs into `fs` or fails.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    let on = unsafe { libc::fstatfs(fd, &mut fs) } == 0;
+    (id == (named.dev(), named.ino())
+        && flags >= 0
+        && flags & libc::O_ACCMODE == libc::O_RDWR
+        && on
+        && IN_PLACE.contains(&fs.f_type))
+    .then_some((fd, id))
+}
+
+/// The (device, inode) of the file open as `fd`.
+fn identity(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: fstat writes a stat into `st` or fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// Reserve the space a checkpoint's copies add to the database file up to `want` bytes
+/// (SQLite's size hint), without changing its size; false when it cannot be reserved.
+fn reserve(h: &Handle, want: i64) -> bool {
+    if h.copy_fd < 0 || identity(h.copy_fd) != Some(h.copy_id) {
+        return false;
+    }
+    // SAFETY: fstat writes a stat into `st` or fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(h.copy_fd, &mut st) } != 0 {
+        return false;
+    }
+    if want <= st.st_size {
+        return true;
+    }
+    // SAFETY: fallocate on a descriptor of the database file (checked above) reserves blocks
+    // past its end; KEEP_SIZE leaves its size to SQLite.
+    let rc = unsafe {
+        libc::fallocate(
+            h.copy_fd,
+            libc::FALLOC_FL_KEEP_SIZE,
+            st.st_size,
+            want - st.st_size,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(
+            "no room reserved for a checkpoint's copies: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    rc == 0
 }
 
 static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
@@ -366,6 +484,25 @@ unsafe extern "C" fn write(
     };
     // SAFETY: SQLite calls this on an open handle.
     let (buf, real, m, kind) = unsafe { parts(file) };
+    if kind == Kind::Wal {
+        if offset == 0 {
+            // The WAL's header: the log starts over.
+            buf.high = 0;
+        }
+        // A frame header below what was written is SQLite fixing the checksums of a
+        // transaction that rewrote a frame it had spilled (`walRewriteChecksums`), the commit
+        // frame's last, after which nothing follows: such headers are not gathered.
+        let rewrite = amt == FRAME_HEADER && offset < buf.high;
+        buf.high = buf.high.max(offset.saturating_add(i64::from(amt)));
+        if rewrite {
+            // SAFETY: SQLite calls this on an open handle with its own arguments.
+            return unsafe {
+                flushed(file, ffi::SQLITE_IOERR_WRITE, |real, m| {
+                    m.xWrite.map(|w| w(real, data, amt, offset))
+                })
+            };
+        }
+    }
     if n >= CAP || (kind == Kind::Db && COPYING.with(Cell::get) == 0) {
         // Larger than any frame, or a database write outside a gathered checkpoint: written as
         // it comes, after what is gathered.
@@ -391,6 +528,8 @@ unsafe extern "C" fn write(
     let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), n) };
     buf.data.extend_from_slice(bytes);
     if kind == Kind::Db {
+        #[cfg(test)]
+        GATHERED[0].fetch_add(1, Ordering::Relaxed);
         return ffi::SQLITE_OK;
     }
     if buf.commit_next {
@@ -457,10 +596,13 @@ unsafe extern "C" fn read(
 }
 
 /// A checkpoint's read of a frame's page from the WAL: served from the read-ahead, which is
-/// filled with the [`CAP`] bytes from `offset` when it does not hold them. The frames a
-/// checkpoint copies do not change while it runs (the WAL starts over only after a checkpoint
-/// published that it copied all of them); only bytes read during this checkpoint are served.
-/// Near the end of the file (a short read-ahead) the page is read as it is asked for.
+/// filled with the [`CAP`] bytes from `offset` when it does not hold them and the read
+/// continues the checkpoint's previous one in the file (the next frame's page); a checkpoint
+/// whose pages' frames lie scattered reads each as it is asked for. The frames a checkpoint
+/// copies do not change while it runs: it holds the WAL's read lock 0 exclusively, which a
+/// writer must share to start the WAL over, and writers append only past the last frame;
+/// only bytes read during this checkpoint are served, and none past its last frame are asked
+/// for. Near the end of the file (a short read-ahead) the page is read as it is asked for.
 ///
 /// # Safety
 /// As for [`parts`]; `data` has `amt` writable bytes.
@@ -486,7 +628,9 @@ unsafe fn read_ahead(
             && offset >= b.ahead_start
             && offset - b.ahead_start + n as i64 <= b.ahead_len as i64
     };
-    if !held(buf) && n < CAP {
+    let in_order = buf.next_of == copying && buf.next_read == offset;
+    (buf.next_of, buf.next_read) = (copying, offset + i64::from(amt) + i64::from(FRAME_HEADER));
+    if !held(buf) && in_order && n < CAP {
         buf.ahead.resize(CAP, 0);
         buf.ahead_of = 0;
         // SAFETY: `real` is open; `ahead` has CAP writable bytes.
@@ -501,6 +645,8 @@ unsafe fn read_ahead(
         // SAFETY: as SQLite would have called it.
         return unsafe { xread(real, data, amt, offset) };
     }
+    #[cfg(test)]
+    GATHERED[1].fetch_add(1, Ordering::Relaxed);
     let at = (offset - buf.ahead_start) as usize;
     // SAFETY: `data` has `amt` writable bytes (contract), `ahead` holds them at `at` (held).
     unsafe { std::ptr::copy_nonoverlapping(buf.ahead.as_ptr().add(at), data.cast::<u8>(), n) };
@@ -508,6 +654,9 @@ unsafe fn read_ahead(
 }
 
 unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
+    // SAFETY: as in `read`.
+    let buf = unsafe { parts(file) }.0;
+    buf.high = buf.high.min(size);
     // SAFETY: as in `read`.
     unsafe {
         flushed(file, ffi::SQLITE_IOERR_TRUNCATE, |real, m| {
@@ -567,8 +716,21 @@ unsafe extern "C" fn file_control(
     arg: *mut c_void,
 ) -> c_int {
     // SAFETY: as in `read`.
-    let kind = unsafe { parts(file) }.3;
-    if kind == Kind::Db && op == ffi::SQLITE_FCNTL_CKPT_START && ASKED.with(Cell::get) {
+    let h = unsafe { &*file.cast::<Handle>() };
+    let kind = h.kind;
+    if kind == Kind::Db && op == ffi::SQLITE_FCNTL_SIZE_HINT && COPYING.with(Cell::get) != 0 {
+        // Before the first copy: what the copies add to the file is reserved, or they go out
+        // one by one as SQLite writes them, each failure its own.
+        // SAFETY: SQLite passes the size it needs as an i64 with this control.
+        let want = unsafe { arg.cast::<i64>().read() };
+        if !reserve(h, want) {
+            COPYING.with(|c| c.set(0));
+        }
+    } else if kind == Kind::Db
+        && op == ffi::SQLITE_FCNTL_CKPT_START
+        && h.copy_fd >= 0
+        && ASKED.with(Cell::get)
+    {
         let n = COPIES
             .fetch_add(1, Ordering::Relaxed)
             .wrapping_add(1)
@@ -695,6 +857,8 @@ unsafe extern "C" fn unfetch(file: *mut ffi::sqlite3_file, offset: i64, p: *mut 
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use rusqlite::{Connection, OpenFlags};
 
     fn count(c: &Connection) -> i64 {
@@ -796,7 +960,18 @@ mod tests {
         insert(100, 200);
         let ck = Connection::open_with_flags_and_vfs(&path, OpenFlags::SQLITE_OPEN_READ_WRITE, vfs)
             .unwrap();
+        let before = super::GATHERED
+            .each_ref()
+            .map(|g| g.load(Ordering::Relaxed));
         let (log, done) = super::gathered_checkpoint(|| checkpoint(&ck));
+        let after = super::GATHERED
+            .each_ref()
+            .map(|g| g.load(Ordering::Relaxed));
+        assert!(
+            after[0] > before[0],
+            "the checkpoint's writes were gathered"
+        );
+        assert!(after[1] > before[1], "the checkpoint read the WAL ahead");
         assert!(
             0 < done && done < log,
             "a partial checkpoint: {done} of {log} frames"
@@ -817,5 +992,50 @@ mod tests {
             .query_row("PRAGMA integrity_check", [], |r| r.get(0))
             .unwrap();
         assert_eq!(ok, "ok");
+    }
+
+    /// A transaction that writes pages again after SQLite spilled them to the WAL ends with
+    /// SQLite rewriting its frames' headers (`walRewriteChecksums`), the commit frame's last,
+    /// with nothing after it: that header is in the file when the commit returns, so a copy of
+    /// the files taken then (what a crash after the barrier's sync leaves) has the transaction.
+    #[test]
+    fn a_commit_that_rewrote_spilled_frames_is_whole_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let vfs = super::register().expect("the VFS registers");
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
+        let w = Connection::open_with_flags_and_vfs(&path, flags, vfs).unwrap();
+        let _: String = w
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .unwrap();
+        w.execute_batch(
+            "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0;
+             CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT);
+             PRAGMA cache_size = 16;
+             BEGIN;
+             WITH RECURSIVE n(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM n WHERE k < 5000)
+               INSERT INTO t SELECT k, printf('%.200c', 'x') FROM n;
+             UPDATE t SET v = printf('%.200c', 'y') WHERE k <= 300;
+             COMMIT;",
+        )
+        .unwrap();
+        let copy = tempfile::tempdir().unwrap();
+        for f in ["db.sqlite", "db.sqlite-wal"] {
+            std::fs::copy(dir.path().join(f), copy.path().join(f)).unwrap();
+        }
+        let c = Connection::open(copy.path().join("db.sqlite")).unwrap();
+        let got: (i64, i64) = c
+            .query_row(
+                "SELECT count(*), sum(v = printf('%.200c', 'y')) FROM t",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(
+            got,
+            (5000, 300),
+            "the committed transaction, recovered from a copy"
+        );
+        drop(w);
     }
 }
