@@ -861,6 +861,25 @@ mod tests {
 
     use rusqlite::{Connection, OpenFlags};
 
+    /// A database in a new directory, its path, this VFS's name, and a connection of it in WAL
+    /// mode (the directory goes with the first).
+    fn wal_writer() -> (
+        tempfile::TempDir,
+        std::path::PathBuf,
+        &'static std::ffi::CStr,
+        Connection,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let vfs = super::register().expect("the VFS registers");
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
+        let w = Connection::open_with_flags_and_vfs(&path, flags, vfs).unwrap();
+        let _: String = w
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .unwrap();
+        (dir, path, vfs, w)
+    }
+
     fn count(c: &Connection) -> i64 {
         c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
             .unwrap()
@@ -870,14 +889,7 @@ mod tests {
     /// the commit returns, also one whose pages spilled to the WAL before it committed.
     #[test]
     fn committed_frames_are_in_the_file_when_the_commit_returns() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db.sqlite");
-        let vfs = super::register().expect("the VFS registers");
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
-        let w = Connection::open_with_flags_and_vfs(&path, flags, vfs).unwrap();
-        let _: String = w
-            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-            .unwrap();
+        let (_dir, path, _, w) = wal_writer();
         // As the server's writer: no sync at commit, so only the gathering's own flush puts a
         // commit's frames in the file.
         w.execute_batch("PRAGMA synchronous = NORMAL; CREATE TABLE t (x BLOB)")
@@ -927,14 +939,7 @@ mod tests {
     /// in the WAL) reads the copied pages from the file, and sees every row.
     #[test]
     fn a_gathered_checkpoint_copies_every_page_before_readers_use_the_database_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db.sqlite");
-        let vfs = super::register().expect("the VFS registers");
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
-        let w = Connection::open_with_flags_and_vfs(&path, flags, vfs).unwrap();
-        let _: String = w
-            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-            .unwrap();
+        let (_dir, path, vfs, w) = wal_writer();
         w.execute_batch(
             "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0; CREATE TABLE t (x BLOB)",
         )
@@ -1000,14 +1005,7 @@ mod tests {
     /// the files taken then (what a crash after the barrier's sync leaves) has the transaction.
     #[test]
     fn a_commit_that_rewrote_spilled_frames_is_whole_in_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db.sqlite");
-        let vfs = super::register().expect("the VFS registers");
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
-        let w = Connection::open_with_flags_and_vfs(&path, flags, vfs).unwrap();
-        let _: String = w
-            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-            .unwrap();
+        let (dir, _, _, w) = wal_writer();
         w.execute_batch(
             "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0;
              CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT);
