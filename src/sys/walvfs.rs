@@ -12,9 +12,10 @@
 //! - the buffer holds [`CAP`] bytes.
 //!
 //! Frames of a transaction still open (spilled pages) may wait in the buffer: no one else may
-//! read them, and a crash loses them as it loses the transaction. A frame header written below
-//! the furthest write (SQLite fixing the checksums of a transaction that wrote a spilled page
-//! again, the commit frame's header last, with no page after it) goes to the file at once. A
+//! read them, and a crash loses them as it loses the transaction. A frame header written where
+//! the previous call read that whole frame (SQLite fixing the checksums of a transaction that
+//! wrote a spilled page again, the commit frame's header last, with no page after it) goes to
+//! the file at once. A
 //! failed write is reported to SQLite by the call that triggered it, and the buffer is dropped
 //! with it.
 //!
@@ -154,9 +155,9 @@ struct Buffer {
     start: i64,
     /// The last write was the header of a commit frame: its page completes the commit (WAL).
     commit_next: bool,
-    /// The end of the furthest write passed to this handle since the WAL last started over
-    /// (WAL): a frame header written below it rewrites a frame already written.
-    high: i64,
+    /// Where the last call read a whole frame, header and page, if it was a read (WAL; -1
+    /// otherwise): SQLite reads a frame so before it rewrites its header.
+    reread: i64,
     /// The WAL's bytes from `ahead_start`, `ahead_len` of them, read for checkpoint
     /// `ahead_of` (0: none). Allocated at the first read-ahead.
     ahead: Vec<u8>,
@@ -239,7 +240,7 @@ unsafe extern "C" fn open(
         data: Vec::with_capacity(if kind == Kind::Wal { CAP } else { 0 }),
         start: 0,
         commit_next: false,
-        high: 0,
+        reread: -1,
         ahead: Vec::new(),
         ahead_start: 0,
         ahead_len: 0,
@@ -485,15 +486,12 @@ unsafe extern "C" fn write(
     // SAFETY: SQLite calls this on an open handle.
     let (buf, real, m, kind) = unsafe { parts(file) };
     if kind == Kind::Wal {
-        if offset == 0 {
-            // The WAL's header: the log starts over.
-            buf.high = 0;
-        }
-        // A frame header below what was written is SQLite fixing the checksums of a
-        // transaction that rewrote a frame it had spilled (`walRewriteChecksums`), the commit
-        // frame's last, after which nothing follows: such headers are not gathered.
-        let rewrite = amt == FRAME_HEADER && offset < buf.high;
-        buf.high = buf.high.max(offset.saturating_add(i64::from(amt)));
+        // A frame header written where the last call read the whole frame is SQLite fixing the
+        // checksums of a transaction that wrote again a page it had spilled
+        // (`walRewriteChecksums`: read a frame, write its header, the commit frame's last,
+        // after which nothing follows): such headers are not gathered.
+        let rewrite = amt == FRAME_HEADER && offset == buf.reread;
+        buf.reread = -1;
         if rewrite {
             // SAFETY: SQLite calls this on an open handle with its own arguments.
             return unsafe {
@@ -583,7 +581,11 @@ unsafe extern "C" fn read(
 ) -> c_int {
     let copying = COPYING.with(Cell::get);
     // SAFETY: SQLite calls this on an open handle.
-    if copying != 0 && unsafe { parts(file) }.3 == Kind::Wal {
+    let (buf, _, _, kind) = unsafe { parts(file) };
+    if kind == Kind::Wal {
+        buf.reread = if amt > FRAME_HEADER { offset } else { -1 };
+    }
+    if copying != 0 && kind == Kind::Wal {
         // SAFETY: as above, with SQLite's own arguments.
         return unsafe { read_ahead(file, data, amt, offset, copying) };
     }
@@ -654,9 +656,6 @@ unsafe fn read_ahead(
 }
 
 unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
-    // SAFETY: as in `read`.
-    let buf = unsafe { parts(file) }.0;
-    buf.high = buf.high.min(size);
     // SAFETY: as in `read`.
     unsafe {
         flushed(file, ffi::SQLITE_IOERR_TRUNCATE, |real, m| {
@@ -1035,5 +1034,39 @@ mod tests {
             "the committed transaction, recovered from a copy"
         );
         drop(w);
+    }
+
+    /// Frames a rolled-back transaction spilled are overwritten by the next transactions
+    /// (SQLite appends again from the last committed frame): each of those commits is in the
+    /// file when it returns, like any other.
+    #[test]
+    fn commits_after_a_rolled_back_spill_are_in_the_file_when_they_return() {
+        let (_dir, path, _, w) = wal_writer();
+        w.execute_batch(
+            "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0; PRAGMA cache_size = 16;
+             CREATE TABLE t (x BLOB)",
+        )
+        .unwrap();
+        let r = Connection::open(&path).unwrap();
+        let blob = vec![5u8; 20 * 1024];
+        for round in 0..3 {
+            w.execute_batch("BEGIN").unwrap();
+            for _ in 0..100 {
+                w.execute("INSERT INTO t VALUES (?1)", [&blob]).unwrap();
+            }
+            w.execute_batch("ROLLBACK").unwrap();
+            for i in 1..=20 {
+                w.execute("INSERT INTO t VALUES (?1)", [&blob]).unwrap();
+                assert_eq!(
+                    count(&r),
+                    round * 20 + i,
+                    "commit {i} after rollback {round}"
+                );
+            }
+        }
+        let ok: String = r
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(ok, "ok");
     }
 }
