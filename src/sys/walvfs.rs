@@ -4,18 +4,21 @@
 //! a 256 MiB file costs 131,072 system calls and as many 4 KiB page-cache folios. This VFS is
 //! SQLite's default one except for the files it opens as a WAL: their contiguous writes collect
 //! in a buffer that goes to the file as one write when
-//! - the frame that commits a transaction (its header's database size is not zero) is complete,
-//!   so every committed frame is in the file before SQLite publishes the commit in the
-//!   wal-index, where other connections (readers, the checkpointer, Litestream) look;
+//! - SQLite writes the header of the frame that commits a transaction (its database size is
+//!   not zero), and then that frame's page, so every committed frame is in the file before
+//!   SQLite publishes the commit in the wal-index, where other connections (readers, the
+//!   checkpointer, Litestream) look;
 //! - SQLite reads, syncs, truncates, sizes, controls or closes the file, or a write does not
 //!   continue the buffer;
 //! - the buffer holds [`CAP`] bytes.
 //!
 //! Frames of a transaction still open (spilled pages) may wait in the buffer: no one else may
-//! read them, and a crash loses them as it loses the transaction. A frame header written where
-//! the previous call read that whole frame (SQLite fixing the checksums of a transaction that
-//! wrote a spilled page again, the commit frame's header last, with no page after it) goes to
-//! the file at once. A
+//! read them, and a crash loses them as it loses the transaction. A commit frame's header goes
+//! out with the frames before it as soon as it is written, and its page right after it: SQLite
+//! may write nothing after such a header (when a transaction wrote again a page it had
+//! spilled, the commit ends by rewriting its frames' headers with new checksums, the commit
+//! frame's last). This holds for the server's writer, which never pads a commit to a sector
+//! (WAL commits are not synced at `synchronous=NORMAL`; padding comes only with syncing). A
 //! failed write is reported to SQLite by the call that triggered it, and the buffer is dropped
 //! with it.
 //!
@@ -155,9 +158,6 @@ struct Buffer {
     start: i64,
     /// The last write was the header of a commit frame: its page completes the commit (WAL).
     commit_next: bool,
-    /// Where the last call read a whole frame, header and page, if it was a read (WAL; -1
-    /// otherwise): SQLite reads a frame so before it rewrites its header.
-    reread: i64,
     /// The WAL's bytes from `ahead_start`, `ahead_len` of them, read for checkpoint
     /// `ahead_of` (0: none). Allocated at the first read-ahead.
     ahead: Vec<u8>,
@@ -240,7 +240,6 @@ unsafe extern "C" fn open(
         data: Vec::with_capacity(if kind == Kind::Wal { CAP } else { 0 }),
         start: 0,
         commit_next: false,
-        reread: -1,
         ahead: Vec::new(),
         ahead_start: 0,
         ahead_len: 0,
@@ -485,22 +484,6 @@ unsafe extern "C" fn write(
     };
     // SAFETY: SQLite calls this on an open handle.
     let (buf, real, m, kind) = unsafe { parts(file) };
-    if kind == Kind::Wal {
-        // A frame header written where the last call read the whole frame is SQLite fixing the
-        // checksums of a transaction that wrote again a page it had spilled
-        // (`walRewriteChecksums`: read a frame, write its header, the commit frame's last,
-        // after which nothing follows): such headers are not gathered.
-        let rewrite = amt == FRAME_HEADER && offset == buf.reread;
-        buf.reread = -1;
-        if rewrite {
-            // SAFETY: SQLite calls this on an open handle with its own arguments.
-            return unsafe {
-                flushed(file, ffi::SQLITE_IOERR_WRITE, |real, m| {
-                    m.xWrite.map(|w| w(real, data, amt, offset))
-                })
-            };
-        }
-    }
     if n >= CAP || (kind == Kind::Db && COPYING.with(Cell::get) == 0) {
         // Larger than any frame, or a database write outside a gathered checkpoint: written as
         // it comes, after what is gathered.
@@ -531,12 +514,20 @@ unsafe extern "C" fn write(
         return ffi::SQLITE_OK;
     }
     if buf.commit_next {
-        // This write is the page of a commit frame: the transaction's frames go out now.
+        // This write is the page of a commit frame: it goes out at once.
         buf.commit_next = false;
         // SAFETY: as above.
         return unsafe { flush_to(buf, real, m) };
     }
-    buf.commit_next = amt == FRAME_HEADER && bytes[4..8] != [0; 4];
+    if amt == FRAME_HEADER && bytes[4..8] != [0; 4] {
+        // The header of a commit frame: it goes out now with the frames before it, and its
+        // page right after it. SQLite may write nothing after such a header: the last write
+        // of a commit that rewrote its frames' checksums (`walRewriteChecksums`, after the
+        // transaction wrote again a page it had spilled) is the commit frame's header.
+        buf.commit_next = true;
+        // SAFETY: as above.
+        return unsafe { flush_to(buf, real, m) };
+    }
     ffi::SQLITE_OK
 }
 
@@ -581,11 +572,7 @@ unsafe extern "C" fn read(
 ) -> c_int {
     let copying = COPYING.with(Cell::get);
     // SAFETY: SQLite calls this on an open handle.
-    let (buf, _, _, kind) = unsafe { parts(file) };
-    if kind == Kind::Wal {
-        buf.reread = if amt > FRAME_HEADER { offset } else { -1 };
-    }
-    if copying != 0 && kind == Kind::Wal {
+    if copying != 0 && unsafe { parts(file) }.3 == Kind::Wal {
         // SAFETY: as above, with SQLite's own arguments.
         return unsafe { read_ahead(file, data, amt, offset, copying) };
     }
