@@ -513,18 +513,19 @@ unsafe extern "C" fn write(
         GATHERED[0].fetch_add(1, Ordering::Relaxed);
         return ffi::SQLITE_OK;
     }
-    if buf.commit_next {
-        // This write is the page of a commit frame: it goes out at once.
-        buf.commit_next = false;
-        // SAFETY: as above.
-        return unsafe { flush_to(buf, real, m) };
-    }
     if amt == FRAME_HEADER && bytes[4..8] != [0; 4] {
         // The header of a commit frame: it goes out now with the frames before it, and its
         // page right after it. SQLite may write nothing after such a header: the last write
         // of a commit that rewrote its frames' checksums (`walRewriteChecksums`, after the
-        // transaction wrote again a page it had spilled) is the commit frame's header.
+        // transaction wrote again a page it had spilled) is the commit frame's header. So the
+        // mark for the page may outlive its commit; it then costs the next write a flush.
         buf.commit_next = true;
+        // SAFETY: as above.
+        return unsafe { flush_to(buf, real, m) };
+    }
+    if buf.commit_next {
+        // This write is the page of a commit frame: it goes out at once.
+        buf.commit_next = false;
         // SAFETY: as above.
         return unsafe { flush_to(buf, real, m) };
     }
@@ -991,7 +992,7 @@ mod tests {
     /// the files taken then (what a crash after the barrier's sync leaves) has the transaction.
     #[test]
     fn a_commit_that_rewrote_spilled_frames_is_whole_in_the_file() {
-        let (dir, _, _, w) = wal_writer();
+        let (dir, path, _, w) = wal_writer();
         w.execute_batch(
             "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0;
              CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT);
@@ -1020,6 +1021,23 @@ mod tests {
             (5000, 300),
             "the committed transaction, recovered from a copy"
         );
+        // The commits after it, each of one page, are in the file when they return too.
+        let r = Connection::open(&path).unwrap();
+        for i in 1..=20 {
+            w.execute(
+                "UPDATE t SET v = printf('%.200c', 'z') WHERE k = ?1",
+                [i * 200],
+            )
+            .unwrap();
+            let seen: i64 = r
+                .query_row(
+                    "SELECT count(*) FROM t WHERE v = printf('%.200c', 'z')",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(seen, i, "one-page commit {i} after the rewrite");
+        }
         drop(w);
     }
 
