@@ -13,14 +13,18 @@
 //! - the buffer holds [`CAP`] bytes.
 //!
 //! Frames of a transaction still open (spilled pages) may wait in the buffer: no one else may
-//! read them, and a crash loses them as it loses the transaction. A commit frame's header goes
+//! read them, and a crash loses them as it loses the transaction. What a rolled-back one
+//! spilled is written when its connection gives up the WAL's write lock (a shared-memory
+//! unlock on the database file, linked to its WAL), before another writer may append frames
+//! where those bytes would land. A commit frame's header goes
 //! out with the frames before it as soon as it is written, and its page right after it: SQLite
 //! may write nothing after such a header (when a transaction wrote again a page it had
 //! spilled, the commit ends by rewriting its frames' headers with new checksums, the commit
 //! frame's last). This holds for the server's writer, which never pads a commit to a sector
 //! (WAL commits are not synced at `synchronous=NORMAL`; padding comes only with syncing). A
 //! failed write is reported to SQLite by the call that triggered it, and the buffer is dropped
-//! with it.
+//! with it; when that call is not a write, as an I/O error, so that SQLite undoes the whole
+//! transaction the dropped frames belonged to (a full disk would undo only the statement).
 //!
 //! A checkpoint (SQLite copying the WAL's pages into the database file, in page order) reads
 //! one frame's page from the WAL and writes it to the database file per call: two system
@@ -149,6 +153,10 @@ struct Handle {
     /// ([`copy_target`]), -1 when they may not, and the file's identity.
     copy_fd: c_int,
     copy_id: (u64, u64),
+    /// A WAL's database file handle, or a database file's WAL handle, when both are this
+    /// VFS's (NULL otherwise): the database file's shared-memory locks say when a write
+    /// transaction ends.
+    peer: *mut Handle,
 }
 
 /// Writes not yet passed on, and a checkpoint's read-ahead.
@@ -266,8 +274,23 @@ unsafe extern "C" fn open(
             kind,
             copy_fd,
             copy_id,
+            peer: std::ptr::null_mut(),
         })
     };
+    if kind == Kind::Wal {
+        // SAFETY: `name` is the WAL's name as SQLite passed it to xOpen, for which SQLite
+        // returns its database file's open handle (or NULL).
+        let db = unsafe { ffi::sqlite3_database_file_object(name) };
+        // SAFETY: a handle whose methods are DB_METHODS is a Handle this VFS opened; both
+        // belong to one connection, used by one thread at a time.
+        unsafe {
+            if !db.is_null() && std::ptr::eq((*db).pMethods, &DB_METHODS) {
+                let db = db.cast::<Handle>();
+                (*db).peer = file.cast::<Handle>();
+                (*file.cast::<Handle>()).peer = db;
+            }
+        }
+    }
     ffi::SQLITE_OK
 }
 
@@ -457,9 +480,13 @@ unsafe fn flush(file: *mut ffi::sqlite3_file) -> c_int {
 unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: SQLite closes a handle `open` initialised, once.
     let rc = unsafe { flush(file) };
-    // SAFETY: as above; after this the handle is not used again.
+    // SAFETY: as above; after this the handle is not used again. Its peer, if any, is open
+    // (each unlinks itself here when it closes).
     unsafe {
         let w = &mut *file.cast::<Handle>();
+        if !w.peer.is_null() {
+            (*w.peer).peer = std::ptr::null_mut();
+        }
         let m = &*(*w.real).pMethods;
         let closed = m.xClose.map_or(ffi::SQLITE_OK, |c| c(w.real));
         ffi::sqlite3_free(w.real.cast());
@@ -557,9 +584,10 @@ unsafe fn flushed(
     call: impl FnOnce(*mut ffi::sqlite3_file, &ffi::sqlite3_io_methods) -> Option<c_int>,
 ) -> c_int {
     // SAFETY: per the contract.
-    let rc = unsafe { flush(file) };
-    if rc != ffi::SQLITE_OK {
-        return rc;
+    if unsafe { flush(file) } != ffi::SQLITE_OK {
+        // The bytes are gone: an I/O error, never one SQLite might answer by undoing only the
+        // statement (a full disk), so the whole transaction they belonged to is undone.
+        return ffi::SQLITE_IOERR_WRITE;
     }
     // SAFETY: per the contract.
     unsafe { forward(file, missing, call) }
@@ -604,9 +632,9 @@ unsafe fn read_ahead(
     copying: u64,
 ) -> c_int {
     // SAFETY: per the contract.
-    let rc = unsafe { flush(file) };
-    if rc != ffi::SQLITE_OK {
-        return rc;
+    if unsafe { flush(file) } != ffi::SQLITE_OK {
+        // As in `flushed`.
+        return ffi::SQLITE_IOERR_WRITE;
     }
     // SAFETY: per the contract.
     let (buf, real, m, _) = unsafe { parts(file) };
@@ -797,6 +825,23 @@ unsafe extern "C" fn shm_lock(
     n: c_int,
     flags: c_int,
 ) -> c_int {
+    // SAFETY: as in `lock`.
+    let peer = unsafe { &*file.cast::<Handle>() }.peer;
+    if !peer.is_null() && offset == 0 && flags == ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE
+    {
+        // The connection gives up the WAL's write lock (slot 0): its write transaction is
+        // over. A committed one left nothing in the WAL's buffer; what a rolled-back one
+        // spilled is written now, as SQLite would have written it, before another writer may
+        // append frames where those bytes would land.
+        // SAFETY: the peer is this connection's open WAL handle (unlinked when it closes).
+        if unsafe { flush(peer.cast()) } != ffi::SQLITE_OK {
+            tracing::debug!("a rolled-back transaction's spilled WAL frames were not written");
+        }
+        // SAFETY: as above.
+        if let Some(b) = unsafe { (*peer).buf.as_mut() } {
+            b.commit_next = false;
+        }
+    }
     // SAFETY: as in `lock`.
     unsafe {
         forward(file, ffi::SQLITE_IOERR_SHMLOCK, |real, m| {
@@ -1070,6 +1115,49 @@ mod tests {
             }
         }
         let ok: String = r
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(ok, "ok");
+    }
+
+    /// What a rolled-back transaction spilled is written when it gives up the write lock, not
+    /// later over the frames another writer committed in the meantime at the same place.
+    #[test]
+    fn a_rolled_back_spill_never_lands_on_another_writers_frames() {
+        let (_dir, path, _, w) = wal_writer();
+        w.execute_batch(
+            "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0; PRAGMA cache_size = 16;
+             CREATE TABLE t (x BLOB)",
+        )
+        .unwrap();
+        // Another writer, as an offline command in another process would be.
+        let other = Connection::open(&path).unwrap();
+        other
+            .execute_batch("PRAGMA wal_autocheckpoint = 0")
+            .unwrap();
+        // An empty WAL: undoing the transaction then reads nothing from it (which would write
+        // the buffer out first).
+        let _: (i64, i64, i64) = w
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .unwrap();
+        let blob = vec![6u8; 20 * 1024];
+        w.execute_batch("BEGIN").unwrap();
+        for _ in 0..30 {
+            w.execute("INSERT INTO t VALUES (?1)", [&blob]).unwrap();
+        }
+        w.execute_batch("ROLLBACK").unwrap();
+        for _ in 0..40 {
+            other
+                .execute("INSERT INTO t VALUES (?1)", [vec![8u8; 20 * 1024]])
+                .unwrap();
+        }
+        // The first connection reads (and then writes) again.
+        assert_eq!(count(&w), 40);
+        w.execute("INSERT INTO t VALUES (?1)", [&blob]).unwrap();
+        assert_eq!(count(&other), 41);
+        let ok: String = other
             .query_row("PRAGMA integrity_check", [], |r| r.get(0))
             .unwrap();
         assert_eq!(ok, "ok");
