@@ -912,6 +912,13 @@ mod tests {
         (dir, path, vfs, w)
     }
 
+    fn assert_intact(c: &Connection) {
+        let ok: String = c
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(ok, "ok");
+    }
+
     fn count(c: &Connection) -> i64 {
         c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
             .unwrap()
@@ -945,10 +952,7 @@ mod tests {
         drop(w);
         let again = Connection::open(&path).unwrap();
         assert_eq!(count(&again), 140);
-        let ok: String = again
-            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(ok, "ok");
+        assert_intact(&again);
     }
 
     fn rows(c: &Connection) -> Vec<(i64, Vec<u8>)> {
@@ -1025,10 +1029,7 @@ mod tests {
         drop((old, new, ck, w));
         let again = Connection::open(&path).unwrap();
         expect(&again, 201);
-        let ok: String = again
-            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(ok, "ok");
+        assert_intact(&again);
     }
 
     /// A transaction that writes pages again after SQLite spilled them to the WAL ends with
@@ -1114,10 +1115,7 @@ mod tests {
                 );
             }
         }
-        let ok: String = r
-            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(ok, "ok");
+        assert_intact(&r);
     }
 
     /// What a rolled-back transaction spilled is written when it gives up the write lock, not
@@ -1157,9 +1155,6 @@ mod tests {
         assert_eq!(count(&w), 40);
         w.execute("INSERT INTO t VALUES (?1)", [&blob]).unwrap();
         assert_eq!(count(&other), 41);
-        let ok: String = other
-            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(ok, "ok");
+        assert_intact(&other);
     }
 }
