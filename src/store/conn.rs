@@ -622,12 +622,9 @@ impl Checkpointer {
                     // Errors are not the commit's (it is done): the next commit tries again.
                     let running = sh.running.try_lock();
                     if let Some(_running) = running.filter(|_| !sh.left.get()) {
-                        let mut run = || wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE);
-                        let done = if space_low.load(Ordering::Relaxed) {
-                            run()
-                        } else {
-                            crate::sys::walvfs::gathered_checkpoint(run)
-                        };
+                        let done = checkpoint_gathered(&space_low, || {
+                            wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE)
+                        });
                         if let Err(e) = done {
                             tracing::warn!("WAL checkpoint at {n} pages failed: {e}");
                         }
@@ -653,6 +650,16 @@ impl Drop for Checkpointer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Run `checkpoint`, its copies gathered (`crate::sys::walvfs`) only while the space guard
+/// (`space_low`, the writer's flag) sees room for what they add to the file.
+fn checkpoint_gathered<T>(space_low: &AtomicBool, checkpoint: impl FnOnce() -> T) -> T {
+    if space_low.load(Ordering::Relaxed) {
+        checkpoint()
+    } else {
+        crate::sys::walvfs::gathered_checkpoint(checkpoint)
     }
 }
 
@@ -701,13 +708,9 @@ fn checkpoint_loop(db: &Path, sh: &CkptShared) {
         }
         let Some(c) = &conn else { continue };
         let _running = sh.running.lock();
-        let run = || c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
-        // Gathered only while the space guard sees room for what the copies add to the file.
-        let done = if sh.space_low.load(Ordering::Relaxed) {
-            run()
-        } else {
-            crate::sys::walvfs::gathered_checkpoint(run)
-        };
+        let done = checkpoint_gathered(&sh.space_low, || {
+            c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+        });
         if let Err(e) = done {
             tracing::warn!("WAL checkpoint of {} failed: {e}", db.display());
         }

@@ -336,24 +336,26 @@ unsafe fn copy_target(
     .then_some((fd, id))
 }
 
-/// The (device, inode) of the file open as `fd`.
-fn identity(fd: c_int) -> Option<(u64, u64)> {
+/// The status of the file open as `fd`.
+fn fstat(fd: c_int) -> Option<libc::stat> {
     // SAFETY: fstat writes a stat into `st` or fails.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st)
+}
+
+/// The (device, inode) of the file open as `fd`.
+fn identity(fd: c_int) -> Option<(u64, u64)> {
+    fstat(fd).map(|st| (st.st_dev, st.st_ino))
 }
 
 /// Reserve the space a checkpoint's copies add to the database file up to `want` bytes
 /// (SQLite's size hint), without changing its size; false when it cannot be reserved.
 fn reserve(h: &Handle, want: i64) -> bool {
-    if h.copy_fd < 0 || identity(h.copy_fd) != Some(h.copy_id) {
+    let Some(st) = (h.copy_fd >= 0).then(|| fstat(h.copy_fd)).flatten() else {
         return false;
-    }
-    // SAFETY: fstat writes a stat into `st` or fails.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(h.copy_fd, &mut st) } != 0 {
+    };
+    if (st.st_dev, st.st_ino) != h.copy_id {
         return false;
     }
     if want <= st.st_size {
