@@ -8,6 +8,9 @@
 //!   epoch and only then take the shard lock and remove the entry.
 //! * [`Lru::insert`] compares the ticket with the epoch while holding the shard lock and drops
 //!   the value if they differ.
+//! * A mutation whose effect on a value can be applied to any copy, whether that copy saw the
+//!   mutation or not, may call [`Lru::update`] instead of [`Lru::remove`]: it bumps the epoch
+//!   the same way and edits the held value in place under the shard lock.
 //!
 //! Take a mutation M on key k and a reader R of k that read the database before M committed.
 //! R's ticket predates M's bump. Either R's insert runs (under the shard lock) before M's
@@ -116,6 +119,25 @@ impl<K: Hash + Eq, V: Clone> Lru<K, V> {
         let mut s = self.shard(k).lock();
         if let Some((_, w)) = s.map.pop(k) {
             s.weight -= w;
+        }
+    }
+
+    /// Bring `k`'s value up to date with a change that has committed: `f` edits it in place,
+    /// or returns false when it cannot and the value is dropped. Readers in flight are refused
+    /// as by [`Lru::remove`], so `f` must give the value as of the change whether or not the
+    /// cached one already saw it.
+    pub fn update<Q>(&self, k: &Q, f: impl FnOnce(&mut V) -> bool)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        let mut s = self.shard(k).lock();
+        let keep = s.map.peek_mut(k).is_none_or(|(v, _)| f(v));
+        if !keep {
+            if let Some((_, w)) = s.map.pop(k) {
+                s.weight -= w;
+            }
         }
     }
 

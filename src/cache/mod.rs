@@ -13,7 +13,7 @@ mod lru;
 use std::sync::Arc;
 
 use crate::knobs::Knobs;
-use crate::store::{Attr, DirEntry, Ino};
+use crate::store::{Attr, DirEntry, Ino, Timespec};
 
 pub use lru::Ticket;
 
@@ -207,6 +207,29 @@ impl Caches {
     /// The name `name` in `parent` appeared, vanished or now names another inode; the
     /// directory's listing and attributes (times, link count) changed with it.
     pub fn entry_changed(&self, parent: Ino, name: &[u8]) {
+        self.name_changed(parent, name);
+        self.inode_changed(parent);
+    }
+
+    /// [`Caches::entry_changed`] for a change that set `parent`'s mtime and ctime to `t` and
+    /// left the rest of its attributes alone (a name of a non-directory came or went): a
+    /// cached copy is brought up to date instead of dropped, so the GETATTR the kernel sends
+    /// for the directory next is answered from memory. Setting both times is the same whether
+    /// or not the copy already saw the change; a copy with a later time than `t` (changes
+    /// reporting out of order) is dropped.
+    pub fn entry_changed_at(&self, parent: Ino, name: &[u8], t: Timespec) {
+        self.name_changed(parent, name);
+        if let Some(m) = &self.attr {
+            m.update(&parent, |a| {
+                let later = a.mtime > t || a.ctime > t;
+                a.mtime = t;
+                a.ctime = t;
+                !later
+            });
+        }
+    }
+
+    fn name_changed(&self, parent: Ino, name: &[u8]) {
         if let Some(j) = self.journal.get() {
             j.touched(parent, name);
         }
@@ -214,7 +237,6 @@ impl Caches {
             m.remove(name_key(parent, name).as_slice());
         }
         self.dir_changed(parent);
-        self.inode_changed(parent);
     }
 
     /// `dir`'s listing changed without a name inside it changing (its ".." moved), or the

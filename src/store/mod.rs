@@ -1061,14 +1061,24 @@ impl Store {
             _ => 0,
         };
         self.admit(space::Need::op(name.len() + payload))?;
+        let subdir = matches!(kind, NewKind::Dir { .. });
         let out = self.write_tx(|c| {
             let now = inode::now();
             let a = namespace::create(c, &self.config, parent, name, kind, caller, now)?;
             overlay::apply_effects(c, fx, now)?;
-            Ok(a)
+            Ok((a, now))
         });
-        self.caches.entry_changed(parent, name);
-        out
+        // A new subdirectory changes the parent's link count; any other name only its times.
+        match out {
+            Ok((a, now)) if !subdir => {
+                self.caches.entry_changed_at(parent, name, now);
+                Ok(a)
+            }
+            out => {
+                self.caches.entry_changed(parent, name);
+                out.map(|(a, _)| a)
+            }
+        }
     }
 
     /// Create an unnamed regular file (O_TMPFILE) with permission bits `perm`: nlink 0, so it
@@ -1130,12 +1140,15 @@ impl Store {
                 let now = inode::now();
                 let a = namespace::link(c, cfg, ino, newparent, newname, now)?;
                 overlay::apply_effects(c, fx, now)?;
-                Ok(a)
+                Ok((a, now))
             },
         );
-        self.caches.entry_changed(newparent, newname);
+        match &out {
+            Ok((_, now)) => self.caches.entry_changed_at(newparent, newname, *now),
+            Err(_) => self.caches.entry_changed(newparent, newname),
+        }
         self.caches.inode_changed(ino);
-        self.answer(ino, out?)
+        self.answer(ino, out?.0)
     }
 
     /// The inodes `names` (parent, name) resolve to now, for an operation on those names to
@@ -1210,11 +1223,16 @@ impl Store {
                 let removed = namespace::remove(c, parent, name, dir, live, now)?;
                 overlay::apply_effects(c, fx, now)?;
                 commit_claims(c, cfg, claims)?;
-                Ok(removed)
+                Ok((removed, now))
             },
         );
-        self.caches.entry_changed(parent, name);
-        let removed = out?;
+        // A removed subdirectory changes the parent's link count; any other name only its
+        // times.
+        match &out {
+            Ok((_, now)) if !dir => self.caches.entry_changed_at(parent, name, *now),
+            _ => self.caches.entry_changed(parent, name),
+        }
+        let removed = out?.0;
         self.forget_inodes([removed.ino]);
         self.discard_dead(removed.deleted.then_some(removed.ino));
         Ok(removed.keeps_names.then_some(removed.ino))
@@ -1261,16 +1279,30 @@ impl Store {
                     .ok()
                     .flatten()
                     .map(|d| d.1);
+                // Only a rename that moves no directory (their parents' link counts change)
+                // and is no no-op (two names of one inode) sets just the parents' times.
+                let mut dirs = moved == victim;
+                for ino in [moved, victim].into_iter().flatten() {
+                    dirs |= inode::meta(c, ino)?.is_dir();
+                }
                 namespace::rename(c, parent, name, newparent, newname, flags, live, now)?;
                 overlay::apply_effects(c, fx, now)?;
                 commit_claims(c, cfg, claims)?;
-                Ok((moved, victim, gone(c, victim)?))
+                Ok((moved, victim, gone(c, victim)?, (!dirs).then_some(now)))
             },
         );
-        self.caches.entry_changed(parent, name);
-        self.caches.entry_changed(newparent, newname);
+        match &out {
+            Ok((.., Some(now))) => {
+                self.caches.entry_changed_at(parent, name, *now);
+                self.caches.entry_changed_at(newparent, newname, *now);
+            }
+            _ => {
+                self.caches.entry_changed(parent, name);
+                self.caches.entry_changed(newparent, newname);
+            }
+        }
         // A moved directory's ".." changed; both inodes' ctime (and the victim's nlink).
-        let (moved, victim, dead) = out?;
+        let (moved, victim, dead, _) = out?;
         self.forget_inodes([moved, victim].into_iter().flatten());
         self.discard_dead(dead);
         Ok(())

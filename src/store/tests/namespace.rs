@@ -178,6 +178,65 @@ fn parent_times_change_on_entry_changes() {
     assert!(db.getattr(d).unwrap().mtime.sec > 1 && db.getattr(f).unwrap().ctime.sec > 1);
 }
 
+/// A name of a non-directory coming or going updates the parent's cached attributes in
+/// place (the kernel asks for them after every such change); they must then be what the
+/// database holds, and a change that moves a link count (or a no-op rename) must not leave a
+/// copy that is wrong.
+#[test]
+fn a_directorys_cached_attributes_follow_the_names_changed_in_it() {
+    let db = fresh();
+    let d = db.dir(Ino::ROOT, "d");
+    let e = db.dir(Ino::ROOT, "e");
+    let same = |what: &str, updated: bool| {
+        for p in [d, e] {
+            let held = db.caches.attr(p);
+            let stored = inode::attr_of(&db.raw(), &db.config, p).unwrap();
+            assert_eq!(db.getattr(p).unwrap(), stored, "{what}");
+            if updated {
+                assert_eq!(
+                    held,
+                    Some(stored),
+                    "{what}: the cache holds the new attributes"
+                );
+            }
+        }
+    };
+    same("start", false);
+    let f = db.file(d, "f");
+    same("create", true);
+    db.symlink(d, b"s", b"target", ME).unwrap();
+    same("symlink", true);
+    db.link(f, e, b"g").unwrap();
+    same("link", true);
+    db.rename(d, b"f", e, b"h", NONE, &NoReferences).unwrap();
+    same("rename to another directory", true);
+    db.rename(e, b"h", e, b"g", NONE, &NoReferences).unwrap();
+    same("rename onto another name of the same inode", false);
+    db.rename(d, b"s", e, b"g", EXCHANGE, &NoReferences)
+        .unwrap();
+    same("exchange", true);
+    db.unlink(e, b"h", &NoReferences).unwrap();
+    same("unlink", true);
+    db.dir(d, "sub");
+    same("mkdir", false);
+    db.rename(d, b"sub", e, b"sub", NONE, &NoReferences)
+        .unwrap();
+    same("a directory renamed", false);
+    db.rmdir(e, b"sub", &NoReferences).unwrap();
+    same("rmdir", false);
+    // A cached copy newer than the change (changes reporting out of order) is dropped.
+    let now = db.getattr(d).unwrap().mtime;
+    db.caches.entry_changed_at(
+        d,
+        b"x",
+        Timespec {
+            sec: now.sec - 1,
+            nsec: 0,
+        },
+    );
+    assert_eq!(db.caches.attr(d), None);
+}
+
 #[test]
 fn unlink_and_rmdir_errnos() {
     let db = fresh();
