@@ -215,17 +215,27 @@ impl Caches {
     /// left the rest of its attributes alone (a name of a non-directory came or went): a
     /// cached copy is brought up to date instead of dropped, so the GETATTR the kernel sends
     /// for the directory next is answered from memory. Setting both times is the same whether
-    /// or not the copy already saw the change; a copy with a later time than `t` (changes
-    /// reporting out of order) is dropped.
+    /// or not the copy already saw the change. A copy that may hold a later change is dropped:
+    /// a later mtime, or a ctime as late as `t` without both times being `t` (a change at
+    /// the same instant, a utimes that set an older mtime). After a lost batch nothing is
+    /// updated: the loss is recorded before the caches are cleared the second time (see
+    /// `Writer::lose_batch`), so either this sees it or that clear comes after.
     pub fn entry_changed_at(&self, parent: Ino, name: &[u8], t: Timespec) {
         self.name_changed(parent, name);
-        if let Some(m) = &self.attr {
-            m.update(&parent, |a| {
-                let later = a.mtime > t || a.ctime > t;
-                a.mtime = t;
-                a.ctime = t;
-                !later
-            });
+        let Some(m) = &self.attr else {
+            return;
+        };
+        m.update(&parent, |a| {
+            if a.mtime == t && a.ctime == t {
+                return true;
+            }
+            let later = a.mtime > t || a.ctime >= t;
+            a.mtime = t;
+            a.ctime = t;
+            !later
+        });
+        if self.journal.get().is_some_and(|j| j.errno().is_some()) {
+            m.remove(&parent);
         }
     }
 

@@ -433,6 +433,12 @@ impl Writer {
             hook();
         }
         self.failure.lost_ops(e, ops);
+        // Again once the loss is recorded: an operation of the batch that finished after the
+        // first clear may have updated a cached value in place, and it checks for a loss only
+        // after doing so (Caches::entry_changed_at).
+        if let Some(hook) = &self.on_lost {
+            hook();
+        }
     }
 
     /// The durability barrier: commit the open batch, then make every committed transaction

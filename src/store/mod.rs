@@ -1061,16 +1061,17 @@ impl Store {
             _ => 0,
         };
         self.admit(space::Need::op(name.len() + payload))?;
-        let subdir = matches!(kind, NewKind::Dir { .. });
+        // A new subdirectory changes the parent's link count; a file, node or symlink only
+        // its times (an unnamed file not even those).
+        let times_only = matches!(kind, NewKind::Node { .. } | NewKind::Symlink { .. });
         let out = self.write_tx(|c| {
             let now = inode::now();
             let a = namespace::create(c, &self.config, parent, name, kind, caller, now)?;
             overlay::apply_effects(c, fx, now)?;
             Ok((a, now))
         });
-        // A new subdirectory changes the parent's link count; any other name only its times.
         match out {
-            Ok((a, now)) if !subdir => {
+            Ok((a, now)) if times_only => {
                 self.caches.entry_changed_at(parent, name, now);
                 Ok(a)
             }
