@@ -21,7 +21,8 @@ pub use lru::Ticket;
 /// [`listing_weight`]); 0 turns a cache off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheConfig {
-    /// Attributes of inodes.
+    /// Attributes of inodes (a sixteenth of it for the marks of new inodes known to have no
+    /// extended attributes).
     pub attr: usize,
     /// (directory, name) lookups.
     pub lookup: usize,
@@ -70,6 +71,11 @@ fn attr_weight() -> usize {
     std::mem::size_of::<(Ino, Attr)>() + ENTRY_OVERHEAD
 }
 
+/// Bytes one mark of an inode without extended attributes takes.
+fn bare_weight() -> usize {
+    std::mem::size_of::<Ino>() + ENTRY_OVERHEAD
+}
+
 /// Bytes one cached lookup of `name` takes.
 fn lookup_weight(name: &[u8]) -> usize {
     std::mem::size_of::<(Vec<u8>, Option<Ino>)>() + 8 + name.len() + ENTRY_OVERHEAD
@@ -107,6 +113,9 @@ pub type CachedName = (Ino, Vec<u8>, Option<Ino>);
 /// The three caches.
 pub struct Caches {
     attr: Option<lru::Lru<Ino, Attr>>,
+    /// Inodes this server created that have had no extended attribute since (the kernel asks
+    /// a new file for `security.capability` before its first write).
+    bare: Option<lru::Lru<Ino, ()>>,
     /// Key: the parent's number (8 bytes, little endian) followed by the name.
     lookup: Option<lru::Lru<Vec<u8>, Option<Ino>>>,
     dirs: Option<lru::Lru<Ino, Arc<Listing>>>,
@@ -131,7 +140,8 @@ fn split_key(k: &[u8]) -> Option<(Ino, Vec<u8>)> {
 impl Caches {
     pub fn new(cfg: CacheConfig) -> Caches {
         Caches {
-            attr: lru::Lru::new(cfg.attr, SHARDS),
+            attr: lru::Lru::new(cfg.attr - cfg.attr / 16, SHARDS),
+            bare: lru::Lru::new(cfg.attr / 16, SHARDS),
             lookup: lru::Lru::new(cfg.lookup, SHARDS),
             dirs: lru::Lru::new(cfg.readdir, 1),
             readdir_cap: cfg.readdir,
@@ -162,6 +172,20 @@ impl Caches {
     pub fn put_attr(&self, t: &Tickets, a: Attr) {
         if let (Some(m), Some(t)) = (&self.attr, t.attr) {
             m.insert(t, a.ino, a, attr_weight());
+        }
+    }
+
+    /// Whether `ino` is known to have no extended attribute.
+    pub fn bare(&self, ino: Ino) -> bool {
+        self.bare.as_ref().is_some_and(|m| m.get(&ino).is_some())
+    }
+
+    /// `ino` was just created and has no extended attribute. Only its creator knows the
+    /// number yet, so no reader can race this; any later change of the inode drops the mark
+    /// ([`Caches::inode_changed`]).
+    pub fn put_bare(&self, ino: Ino) {
+        if let Some(m) = &self.bare {
+            m.insert(m.ticket(), ino, (), bare_weight());
         }
     }
 
@@ -200,6 +224,9 @@ impl Caches {
     /// `ino`'s stored attributes changed (size, times, mode, owner, link count, blocks).
     pub fn inode_changed(&self, ino: Ino) {
         if let Some(m) = &self.attr {
+            m.remove(&ino);
+        }
+        if let Some(m) = &self.bare {
             m.remove(&ino);
         }
     }
@@ -263,6 +290,9 @@ impl Caches {
         if let Some(m) = &self.attr {
             m.clear();
         }
+        if let Some(m) = &self.bare {
+            m.clear();
+        }
         if let Some(m) = &self.lookup {
             m.clear();
         }
@@ -274,7 +304,8 @@ impl Caches {
     /// Bytes held by each cache: (attributes, lookups, listings).
     pub fn weights(&self) -> (usize, usize, usize) {
         (
-            self.attr.as_ref().map_or(0, |m| m.weight()),
+            self.attr.as_ref().map_or(0, |m| m.weight())
+                + self.bare.as_ref().map_or(0, |m| m.weight()),
             self.lookup.as_ref().map_or(0, |m| m.weight()),
             self.dirs.as_ref().map_or(0, |m| m.weight()),
         )
@@ -284,6 +315,9 @@ impl Caches {
     /// capacity (an idle server's floor).
     pub fn shrink(&self, divisor: usize) {
         if let Some(m) = &self.attr {
+            m.shrink(divisor);
+        }
+        if let Some(m) = &self.bare {
             m.shrink(divisor);
         }
         if let Some(m) = &self.lookup {

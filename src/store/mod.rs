@@ -1073,6 +1073,7 @@ impl Store {
         match out {
             Ok((a, now)) if times_only => {
                 self.caches.entry_changed_at(parent, name, now);
+                self.caches.put_bare(a.ino);
                 Ok(a)
             }
             out => {
@@ -1583,12 +1584,16 @@ impl Store {
             self.getattr(ino)?;
             return Err(Errno::ENODATA);
         }
+        if self.caches.bare(ino) {
+            xattr::check_name(name)?;
+            return Err(Errno::ENODATA);
+        }
         self.read_tx(|c| xattr::get(c, ino, name))
     }
 
     /// Every attribute name, each NUL-terminated.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>, Errno> {
-        if !self.xattrs {
+        if !self.xattrs || self.caches.bare(ino) {
             self.getattr(ino)?;
             return Ok(Vec::new());
         }

@@ -12,7 +12,7 @@ pub const XATTR_NAME_MAX: usize = 255;
 /// Largest attribute value.
 pub const XATTR_SIZE_MAX: usize = 65536;
 
-fn check_name(name: &[u8]) -> Result<(), Errno> {
+pub fn check_name(name: &[u8]) -> Result<(), Errno> {
     if name.is_empty() || name.len() > XATTR_NAME_MAX {
         return Err(Errno::ERANGE);
     }

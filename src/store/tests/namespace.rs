@@ -658,6 +658,36 @@ fn readdir_pages_large_directory() {
     assert!(started.elapsed().as_secs() < 10);
 }
 
+/// A file this store created is known to have no extended attribute (the kernel asks for
+/// `security.capability` before its first write) until anything about it changes; the answer
+/// from memory must match the database's, and a set attribute must be seen at once.
+#[test]
+fn a_new_files_missing_attributes_are_answered_until_it_changes() {
+    let db = fresh();
+    let f = db.file(Ino::ROOT, "f");
+    assert_eq!(db.caches.bare(f), crate::knobs::get().cache);
+    assert_eq!(db.getxattr(f, b"security.capability"), Err(Errno::ENODATA));
+    assert_eq!(db.getxattr(f, &[b'n'; 256]), Err(Errno::ERANGE));
+    assert_eq!(db.listxattr(f).unwrap(), b"");
+    db.setxattr(f, b"security.capability", b"caps", 0).unwrap();
+    assert!(!db.caches.bare(f));
+    assert_eq!(db.getxattr(f, b"security.capability").unwrap(), b"caps");
+    assert_eq!(db.listxattr(f).unwrap(), b"security.capability\0");
+    let g = db.file(Ino::ROOT, "g");
+    db.setattr(
+        g,
+        &SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(!db.caches.bare(g), "any change of the inode drops the mark");
+    let h = db.file(Ino::ROOT, "h");
+    db.unlink(Ino::ROOT, b"h", &NoReferences).unwrap();
+    assert!(!db.caches.bare(h));
+}
+
 #[test]
 fn xattrs() {
     let db = fresh();
