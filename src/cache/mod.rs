@@ -122,6 +122,8 @@ pub struct Caches {
     readdir_cap: usize,
     /// Told every changed name, also with the caches off: the names a lost commit undoes.
     journal: std::sync::OnceLock<Arc<crate::store::Failure>>,
+    /// Bumped by every [`Caches::clear`] before it empties the maps.
+    clears: std::sync::atomic::AtomicU64,
 }
 
 fn name_key(parent: Ino, name: &[u8]) -> Vec<u8> {
@@ -146,6 +148,7 @@ impl Caches {
             dirs: lru::Lru::new(cfg.readdir, 1),
             readdir_cap: cfg.readdir,
             journal: std::sync::OnceLock::new(),
+            clears: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -180,12 +183,23 @@ impl Caches {
         self.bare.as_ref().is_some_and(|m| m.get(&ino).is_some())
     }
 
-    /// `ino` was just created and has no extended attribute. Only its creator knows the
-    /// number yet, so no reader can race this; any later change of the inode drops the mark
-    /// ([`Caches::inode_changed`]).
-    pub fn put_bare(&self, ino: Ino) {
+    /// How many times the caches were cleared; take before a create, for [`Caches::put_bare`].
+    pub fn clears(&self) -> u64 {
+        self.clears.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// `ino` was just created (`clears` was read before its transaction) and has no extended
+    /// attribute. Only its creator knows the number yet, so no reader races this, and any later
+    /// change of the inode drops the mark ([`Caches::inode_changed`]). What can race it is a
+    /// clear (the create's batch lost, another process's change): a clear bumps the count
+    /// before it empties the maps, so the mark is taken back if the count moved, and a clear
+    /// that bumps after that check empties the map after the mark went in.
+    pub fn put_bare(&self, ino: Ino, clears: u64) {
         if let Some(m) = &self.bare {
             m.insert(m.ticket(), ino, (), bare_weight());
+            if self.clears() != clears {
+                m.remove(&ino);
+            }
         }
     }
 
@@ -287,6 +301,8 @@ impl Caches {
     /// Drop everything (another process changed the database, or a rollback undid changes
     /// the caches may have seen).
     pub fn clear(&self) {
+        self.clears
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let Some(m) = &self.attr {
             m.clear();
         }

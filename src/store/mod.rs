@@ -1064,6 +1064,7 @@ impl Store {
         // A new subdirectory changes the parent's link count; a file, node or symlink only
         // its times (an unnamed file not even those).
         let times_only = matches!(kind, NewKind::Node { .. } | NewKind::Symlink { .. });
+        let clears = self.caches.clears();
         let out = self.write_tx(|c| {
             let now = inode::now();
             let a = namespace::create(c, &self.config, parent, name, kind, caller, now)?;
@@ -1073,7 +1074,7 @@ impl Store {
         match out {
             Ok((a, now)) if times_only => {
                 self.caches.entry_changed_at(parent, name, now);
-                self.caches.put_bare(a.ino);
+                self.caches.put_bare(a.ino, clears);
                 Ok(a)
             }
             out => {
@@ -1585,6 +1586,7 @@ impl Store {
             return Err(Errno::ENODATA);
         }
         if self.caches.bare(ino) {
+            // A mark goes with its inode (forget_inodes), so the inode exists.
             xattr::check_name(name)?;
             return Err(Errno::ENODATA);
         }
