@@ -1071,15 +1071,27 @@ impl Store {
             overlay::apply_effects(c, fx, now)?;
             Ok((a, now))
         });
-        match out {
-            Ok((a, now)) if times_only => {
-                self.caches.entry_changed_at(parent, name, now);
-                self.caches.put_bare(a.ino, clears);
-                Ok(a)
-            }
-            out => {
-                self.caches.entry_changed(parent, name);
-                out.map(|(a, _)| a)
+        let times = out
+            .as_ref()
+            .ok()
+            .filter(|_| times_only)
+            .map(|(_, now)| *now);
+        self.names_changed(&[(parent, name)], times);
+        let (a, _) = out?;
+        if times.is_some() {
+            self.caches.put_bare(a.ino, clears);
+        }
+        Ok(a)
+    }
+
+    /// Tell the caches that `names` (directory, name) came, went or changed: `times` when
+    /// each directory's only change is its mtime and ctime, set to that time (a name of a
+    /// non-directory), None when more may have changed (a subdirectory's, a failed operation).
+    fn names_changed(&self, names: &[(Ino, &[u8])], times: Option<Timespec>) {
+        for &(parent, name) in names {
+            match times {
+                Some(t) => self.caches.entry_changed_at(parent, name, t),
+                None => self.caches.entry_changed(parent, name),
             }
         }
     }
@@ -1146,10 +1158,8 @@ impl Store {
                 Ok((a, now))
             },
         );
-        match &out {
-            Ok((_, now)) => self.caches.entry_changed_at(newparent, newname, *now),
-            Err(_) => self.caches.entry_changed(newparent, newname),
-        }
+        let times = out.as_ref().ok().map(|(_, now)| *now);
+        self.names_changed(&[(newparent, newname)], times);
         self.caches.inode_changed(ino);
         self.answer(ino, out?.0)
     }
@@ -1231,10 +1241,8 @@ impl Store {
         );
         // A removed subdirectory changes the parent's link count; any other name only its
         // times.
-        match &out {
-            Ok((_, now)) if !dir => self.caches.entry_changed_at(parent, name, *now),
-            _ => self.caches.entry_changed(parent, name),
-        }
+        let times = out.as_ref().ok().filter(|_| !dir).map(|(_, now)| *now);
+        self.names_changed(&[(parent, name)], times);
         let removed = out?.0;
         self.forget_inodes([removed.ino]);
         self.discard_dead(removed.deleted.then_some(removed.ino));
@@ -1282,28 +1290,15 @@ impl Store {
                     .ok()
                     .flatten()
                     .map(|d| d.1);
-                // Only a rename that moves no directory (their parents' link counts change)
-                // and is no no-op (two names of one inode) sets just the parents' times.
-                let mut dirs = moved == victim;
-                for ino in [moved, victim].into_iter().flatten() {
-                    dirs |= inode::meta(c, ino)?.is_dir();
-                }
-                namespace::rename(c, parent, name, newparent, newname, flags, live, now)?;
+                let times_only =
+                    namespace::rename(c, parent, name, newparent, newname, flags, live, now)?;
                 overlay::apply_effects(c, fx, now)?;
                 commit_claims(c, cfg, claims)?;
-                Ok((moved, victim, gone(c, victim)?, (!dirs).then_some(now)))
+                Ok((moved, victim, gone(c, victim)?, times_only.then_some(now)))
             },
         );
-        match &out {
-            Ok((.., Some(now))) => {
-                self.caches.entry_changed_at(parent, name, *now);
-                self.caches.entry_changed_at(newparent, newname, *now);
-            }
-            _ => {
-                self.caches.entry_changed(parent, name);
-                self.caches.entry_changed(newparent, newname);
-            }
-        }
+        let times = out.as_ref().ok().and_then(|(.., times)| *times);
+        self.names_changed(&[(parent, name), (newparent, newname)], times);
         // A moved directory's ".." changed; both inodes' ctime (and the victim's nlink).
         let (moved, victim, dead, _) = out?;
         self.forget_inodes([moved, victim].into_iter().flatten());

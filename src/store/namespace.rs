@@ -282,7 +282,9 @@ fn is_within(c: &Connection, mut dir: Ino, anc: Ino) -> Result<bool, Errno> {
     Err(Errno::EIO)
 }
 
-/// rename / RENAME2 with all POSIX rules (see [`super::Store::rename`]).
+/// rename / RENAME2 with all POSIX rules (see [`super::Store::rename`]). Returns whether the
+/// parents' only change is their times (`now`): no directory moved (their link counts) and
+/// the rename was no no-op (two names of one inode).
 #[allow(clippy::too_many_arguments)]
 pub fn rename(
     c: &Connection,
@@ -293,7 +295,7 @@ pub fn rename(
     flags: RenameFlags,
     live: &dyn Liveness,
     now: Timespec,
-) -> Result<(), Errno> {
+) -> Result<bool, Errno> {
     if flags.noreplace && flags.exchange {
         return Err(Errno::EINVAL);
     }
@@ -323,7 +325,7 @@ pub fn rename(
             return Err(Errno::EEXIST);
         }
         if dst == src {
-            return Ok(());
+            return Ok(false);
         }
         let dm = meta(c, dst)?;
         match (sm.is_dir(), dm.is_dir()) {
@@ -344,7 +346,8 @@ pub fn rename(
     if newparent != parent {
         touch_mc(c, newparent, now)?;
     }
-    Ok(())
+    // A non-directory can only replace a non-directory.
+    Ok(!sm.is_dir())
 }
 
 /// RENAME_EXCHANGE: the two entries swap inodes; directories may change parents, so neither
@@ -354,14 +357,16 @@ fn exchange(
     (parent, src_id, src): (Ino, i64, Ino),
     (newparent, dst_id, dst): (Ino, i64, Ino),
     now: Timespec,
-) -> Result<(), Errno> {
+) -> Result<bool, Errno> {
     if src == dst {
-        return Ok(());
+        return Ok(false);
     }
-    if meta(c, src)?.is_dir() && is_within(c, newparent, src)? {
+    let src_dir = meta(c, src)?.is_dir();
+    if src_dir && is_within(c, newparent, src)? {
         return Err(Errno::EINVAL);
     }
-    if meta(c, dst)?.is_dir() && is_within(c, parent, dst)? {
+    let dst_dir = meta(c, dst)?.is_dir();
+    if dst_dir && is_within(c, parent, dst)? {
         return Err(Errno::EINVAL);
     }
     let mut st = c.prepare_cached("UPDATE fs_dentry SET ino = ?2 WHERE id = ?1")?;
@@ -373,7 +378,7 @@ fn exchange(
     if newparent != parent {
         touch_mc(c, newparent, now)?;
     }
-    Ok(())
+    Ok(!src_dir && !dst_dir)
 }
 
 /// Delete an orphan's rows if it still has nlink 0 and no names; a no-op otherwise. Returns
