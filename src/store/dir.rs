@@ -143,8 +143,13 @@ pub fn child(c: &Connection, parent: Ino, name: &[u8]) -> Result<Option<Ino>, Er
     if name.len() > NAME_MAX {
         return Err(Errno::ENAMETOOLONG);
     }
+    // A name is only ever stored under a directory, so a hit needs no look at the parent;
+    // a miss reads it for the errno (ENOTDIR, or ENOENT for a parent that is gone).
+    if let Some((_, ino)) = dentry(c, parent, name)? {
+        return Ok(Some(ino));
+    }
     dir_meta(c, parent)?;
-    Ok(dentry(c, parent, name)?.map(|d| d.1))
+    Ok(None)
 }
 
 /// lookup: "." and ".." are answered from the directory itself.

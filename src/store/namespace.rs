@@ -3,8 +3,8 @@
 use rusqlite::{Connection, OptionalExtension};
 
 use super::inode::{
-    attr_of, check_new_name, delete_rows, dentry, dir_meta, meta, parent_of_dir, sql_ino, touch_c,
-    touch_mc, Name, NAME_MAX, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISGID,
+    attr, attr_of, check_new_name, delete_rows, dentry, dir_meta, meta, parent_of_dir, sql_ino,
+    touch_c, touch_mc, Meta, Name, NAME_MAX, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISGID,
 };
 use super::{Attr, Caller, FsConfig, Ino, Liveness, RenameFlags, Timespec};
 use crate::errno::Errno;
@@ -134,16 +134,29 @@ pub fn create(
             |r| r.get(0),
         )?;
     let ino = Ino(ino as u64);
-    if !named {
-        return attr_of(c, cfg, ino);
+    // The row as just inserted (no triggers change fs_inode), so it is not read back.
+    let made = Meta {
+        ino,
+        mode,
+        nlink: i64::from(named),
+        uid: caller.uid,
+        gid,
+        size: size as u64,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        rdev,
+        storage_kind: i64::from(inline),
+    };
+    if named {
+        insert_dentry(c, parent, name, ino)?;
+        if let Some(t) = target {
+            c.prepare_cached("INSERT INTO fs_symlink (ino, target) VALUES (?1, ?2)")?
+                .execute((sql_ino(ino)?, Name(t)))?;
+        }
+        touch_mc(c, parent, now)?;
     }
-    insert_dentry(c, parent, name, ino)?;
-    if let Some(t) = target {
-        c.prepare_cached("INSERT INTO fs_symlink (ino, target) VALUES (?1, ?2)")?
-            .execute((sql_ino(ino)?, Name(t)))?;
-    }
-    touch_mc(c, parent, now)?;
-    attr_of(c, cfg, ino)
+    attr(c, cfg, &made)
 }
 
 /// A new name for an existing non-directory inode.

@@ -805,3 +805,29 @@ fn a_failing_statement_rolls_back_the_whole_operation() {
     assert_eq!(db.lookup(Ino::ROOT, b"g").unwrap().ino, g);
     db.assert_clean();
 }
+
+/// A create answers with attributes it does not read back; they must be the row's.
+#[test]
+fn a_creates_answer_is_the_row_it_stored() {
+    let db = fresh();
+    let d = db.mkdir(Ino::ROOT, b"d", 0o2775, ME).unwrap();
+    let made = [
+        db.mknod(Ino::ROOT, b"top", 0o644, 0, ME).unwrap(),
+        db.mknod(d.ino, b"f", 0o640, 0, ME).unwrap(),
+        db.mknod(d.ino, b"fifo", libc::S_IFIFO | 0o600, 0, ME)
+            .unwrap(),
+        db.mknod(d.ino, b"chr", libc::S_IFCHR | 0o600, 0x0103, ME)
+            .unwrap(),
+        db.mkdir(d.ino, b"sub", 0o700, ME).unwrap(),
+        db.symlink(d.ino, b"l", b"../target", ME).unwrap(),
+        db.tmpfile(d.ino, 0o600, ME).unwrap(),
+    ];
+    let other = db.raw();
+    let cfg = db.config();
+    for a in made {
+        let stored = inode::attr_of(&other, &cfg, a.ino).unwrap();
+        assert_eq!(a, stored, "inode {}", a.ino.0);
+    }
+    // The setgid directory passes its group and bit on.
+    assert_eq!(made[4].mode & libc::S_ISGID, libc::S_ISGID);
+}
