@@ -979,6 +979,7 @@ impl Store {
         let cfg = &self.config;
         let sized = set.size.is_some();
         let commits = |b: &batch::InodeBatch| sized || b.cut.is_some();
+        let v0 = self.pending_version();
         let a = self.with_claims(&[ino], commits, set.mtime.is_some(), |c, claims| {
             for b in claims {
                 match set.size {
@@ -989,18 +990,29 @@ impl Store {
             }
             stat::setattr(c, cfg, ino, set, inode::now())
         })?;
-        self.answer(ino, a)
+        self.answer(ino, v0, a)
     }
 
-    /// The attributes an operation on `ino` answers, given those its transaction returned:
-    /// with batching on, read again the way every reader does (the database and the pending
-    /// map in one consistent view). Merging the pending map into `a` afterwards would miss
-    /// bytes committed in between and answer a stale size, which the kernel may keep.
-    fn answer(&self, ino: Ino, a: Attr) -> Result<Attr, Errno> {
-        match &self.batch {
-            Some(_) => self.getattr(ino),
-            None => Ok(a),
+    /// The version of the pending map (0 without batching), taken before a transaction whose
+    /// attributes [`Store::answer`] will answer.
+    fn pending_version(&self) -> u64 {
+        self.batch.as_ref().map_or(0, |b| b.version())
+    }
+
+    /// The attributes an operation on `ino` answers, given those its transaction returned (`a`)
+    /// and the pending map's version before it began (`v0`): the pending writes folded in, as
+    /// every reader does after its database read. If bytes left the map since `v0` (committed,
+    /// by this operation's claim or by the committer), `a` may miss them and answer a stale
+    /// size, which the kernel may keep: then the answer is read again.
+    fn answer(&self, ino: Ino, v0: u64, mut a: Attr) -> Result<Attr, Errno> {
+        let Some(b) = &self.batch else {
+            return Ok(a);
+        };
+        let (v1, ()) = b.view(|view| merge_attr(&mut a, view.attr(ino)));
+        if v1 == v0 {
+            return Ok(a);
         }
+        self.getattr(ino)
     }
 
     /// [`Store::setattr`] of size 0 (and times) on a regular file with batching on: the
@@ -1145,6 +1157,7 @@ impl Store {
     ) -> Result<Attr, Errno> {
         self.admit(space::Need::op(newname.len()))?;
         let cfg = &self.config;
+        let v0 = self.pending_version();
         let out = self.with_claims(
             &[ino],
             |_| true,
@@ -1161,7 +1174,7 @@ impl Store {
         let times = out.as_ref().ok().map(|(_, now)| *now);
         self.names_changed(&[(newparent, newname)], times);
         self.caches.inode_changed(ino);
-        self.answer(ino, out?.0)
+        self.answer(ino, v0, out?.0)
     }
 
     /// The inodes `names` (parent, name) resolve to now, for an operation on those names to

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, OptionalExtension};
 
-use super::inode::{attr_of, meta, sql_ino, S_IFMT};
+use super::inode::{attr, attr_of, meta, sql_ino, S_IFMT};
 use super::{Attr, FsConfig, Ino, SetAttr, StatFs, TimeSet, Timespec};
 use crate::errno::Errno;
 
@@ -24,7 +24,7 @@ pub fn setattr(
     set: &SetAttr,
     now: Timespec,
 ) -> Result<Attr, Errno> {
-    let m = meta(c, ino)?;
+    let mut m = meta(c, ino)?;
     let id = sql_ino(ino)?;
     let nothing = set.mode.is_none()
         && set.uid.is_none()
@@ -34,8 +34,12 @@ pub fn setattr(
         && set.mtime.is_none()
         && set.ctime.is_none();
     if nothing {
-        return attr_of(c, cfg, ino);
+        return attr(c, cfg, &m);
     }
+    let mode = set.mode.map(|mode| (m.mode & S_IFMT) | (mode & 0o7777));
+    let atime = set.atime.map(|t| resolve_time(t, now)).transpose()?;
+    let mtime = set.mtime.map(|t| resolve_time(t, now)).transpose()?;
+    let ctime = resolve_time(set.ctime.map_or(TimeSet::Now, TimeSet::At), now)?;
     if let Some(size) = set.size {
         if m.is_dir() {
             return Err(Errno::EISDIR);
@@ -45,32 +49,39 @@ pub fn setattr(
         }
         super::data::truncate(c, cfg, ino, size, now)?;
     }
-    if let Some(mode) = set.mode {
-        c.prepare_cached("UPDATE fs_inode SET mode = ?2 WHERE ino = ?1")?
-            .execute((id, (m.mode & S_IFMT) | (mode & 0o7777)))?;
+    // Every other field in one statement, after the truncate (whose mtime an explicit one
+    // overrides).
+    c.prepare_cached(
+        "UPDATE fs_inode SET mode = coalesce(?2, mode), uid = coalesce(?3, uid),
+                             gid = coalesce(?4, gid),
+                             atime = coalesce(?5, atime), atime_nsec = coalesce(?6, atime_nsec),
+                             mtime = coalesce(?7, mtime), mtime_nsec = coalesce(?8, mtime_nsec),
+                             ctime = ?9, ctime_nsec = ?10
+         WHERE ino = ?1",
+    )?
+    .execute((
+        id,
+        mode,
+        set.uid,
+        set.gid,
+        atime.map(|t| t.sec),
+        atime.map(|t| t.nsec),
+        mtime.map(|t| t.sec),
+        mtime.map(|t| t.nsec),
+        ctime.sec,
+        ctime.nsec,
+    ))?;
+    if set.size.is_some() {
+        // The truncate changed the size, the data and the times: read them back.
+        return attr_of(c, cfg, ino);
     }
-    if let Some(uid) = set.uid {
-        c.prepare_cached("UPDATE fs_inode SET uid = ?2 WHERE ino = ?1")?
-            .execute((id, uid))?;
-    }
-    if let Some(gid) = set.gid {
-        c.prepare_cached("UPDATE fs_inode SET gid = ?2 WHERE ino = ?1")?
-            .execute((id, gid))?;
-    }
-    if let Some(t) = set.atime {
-        let t = resolve_time(t, now)?;
-        c.prepare_cached("UPDATE fs_inode SET atime = ?2, atime_nsec = ?3 WHERE ino = ?1")?
-            .execute((id, t.sec, t.nsec))?;
-    }
-    if let Some(t) = set.mtime {
-        let t = resolve_time(t, now)?;
-        c.prepare_cached("UPDATE fs_inode SET mtime = ?2, mtime_nsec = ?3 WHERE ino = ?1")?
-            .execute((id, t.sec, t.nsec))?;
-    }
-    let ct = resolve_time(set.ctime.map_or(TimeSet::Now, TimeSet::At), now)?;
-    c.prepare_cached("UPDATE fs_inode SET ctime = ?2, ctime_nsec = ?3 WHERE ino = ?1")?
-        .execute((id, ct.sec, ct.nsec))?;
-    attr_of(c, cfg, ino)
+    m.mode = mode.unwrap_or(m.mode);
+    m.uid = set.uid.unwrap_or(m.uid);
+    m.gid = set.gid.unwrap_or(m.gid);
+    m.atime = atime.unwrap_or(m.atime);
+    m.mtime = mtime.unwrap_or(m.mtime);
+    m.ctime = ctime;
+    attr(c, cfg, &m)
 }
 
 /// Block size statfs reports.

@@ -194,3 +194,27 @@ fn copy_file_range_and_lseek_see_pending_bytes() {
     assert_eq!(db.lseek(c, 0, libc::SEEK_DATA as u32).unwrap(), 196_608);
     db.assert_clean();
 }
+
+/// An operation answers the attributes its transaction returned with the pending bytes folded
+/// in, unless bytes left the pending map since it began: attributes read before a commit of
+/// the inode's bytes would then answer the size without them.
+#[test]
+fn an_answer_is_read_again_when_bytes_were_committed_since_its_transaction() {
+    let db = held();
+    let f = db.file(Ino::ROOT, "t");
+    db.write(f, 0, b"data").unwrap();
+    let v0 = db.pending_version();
+    let before = db.read_tx(|c| inode::attr_of(c, &db.config, f)).unwrap();
+    assert_eq!(before.size, 0, "the bytes are only pending");
+    assert_eq!(
+        db.answer(f, v0, before).unwrap().size,
+        4,
+        "pending bytes fold in"
+    );
+    db.sync().unwrap();
+    assert_eq!(
+        db.answer(f, v0, before).unwrap().size,
+        4,
+        "the bytes were committed after the read: read again"
+    );
+}

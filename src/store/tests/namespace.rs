@@ -831,3 +831,80 @@ fn a_creates_answer_is_the_row_it_stored() {
     // The setgid directory passes its group and bit on.
     assert_eq!(made[4].mode & libc::S_ISGID, libc::S_ISGID);
 }
+
+/// A SETATTR answers the attributes it computed (one UPDATE, no read back unless the size
+/// changed); they must be the row's, whatever mix of fields it set.
+#[test]
+fn a_setattrs_answer_is_the_row_it_stored() {
+    let db = fresh();
+    let f = db.file(Ino::ROOT, "f");
+    let d = db.dir(Ino::ROOT, "d");
+    let at = |sec| Some(TimeSet::At(Timespec { sec, nsec: 7 }));
+    let sets = [
+        (
+            f,
+            SetAttr {
+                mode: Some(0o4751),
+                ..Default::default()
+            },
+        ),
+        (
+            f,
+            SetAttr {
+                uid: Some(5),
+                gid: Some(6),
+                ..Default::default()
+            },
+        ),
+        (
+            f,
+            SetAttr {
+                atime: at(100),
+                mtime: at(200),
+                ..Default::default()
+            },
+        ),
+        (
+            f,
+            SetAttr {
+                mtime: Some(TimeSet::Now),
+                ctime: Some(Timespec { sec: 300, nsec: 1 }),
+                ..Default::default()
+            },
+        ),
+        (
+            f,
+            SetAttr {
+                size: Some(70_000),
+                ..Default::default()
+            },
+        ),
+        (
+            f,
+            SetAttr {
+                size: Some(10),
+                mtime: at(400),
+                ..Default::default()
+            },
+        ),
+        (
+            d,
+            SetAttr {
+                mode: Some(0o700),
+                gid: Some(9),
+                ..Default::default()
+            },
+        ),
+        (d, SetAttr::default()),
+    ];
+    for (ino, set) in sets {
+        let a = db.setattr(ino, &set).unwrap();
+        let stored = inode::attr_of(&db.raw(), &db.config(), ino).unwrap();
+        assert_eq!(a, stored, "{set:?}");
+    }
+    let a = db.getattr(f).unwrap();
+    assert_eq!(
+        (a.size, a.mtime.sec, a.uid, a.mode & 0o7777),
+        (10, 400, 5, 0o4751)
+    );
+}
