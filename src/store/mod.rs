@@ -980,6 +980,11 @@ impl Store {
         let sized = set.size.is_some();
         let commits = |b: &batch::InodeBatch| sized || b.cut.is_some();
         let v0 = self.pending_version();
+        // No SETATTR adds an extended attribute (a chown drops a capability, which a bare
+        // inode has none of), so a bare inode stays bare: its next GETXATTR, which the kernel
+        // sends before the first write after any attribute refresh, is answered from memory.
+        let clears = self.caches.clears();
+        let bare = self.caches.bare(ino);
         let a = self.with_claims(&[ino], commits, set.mtime.is_some(), |c, claims| {
             for b in claims {
                 match set.size {
@@ -990,6 +995,9 @@ impl Store {
             }
             stat::setattr(c, cfg, ino, set, inode::now())
         })?;
+        if bare {
+            self.caches.put_bare(ino, clears);
+        }
         self.answer(ino, v0, a)
     }
 

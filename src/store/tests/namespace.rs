@@ -682,7 +682,26 @@ fn a_new_files_missing_attributes_are_answered_until_it_changes() {
         },
     )
     .unwrap();
-    assert!(!db.caches.bare(g), "any change of the inode drops the mark");
+    assert_eq!(
+        db.caches.bare(g),
+        crate::knobs::get().cache,
+        "a SETATTR adds no extended attribute: the mark stays"
+    );
+    assert_eq!(db.getxattr(g, b"security.capability"), Err(Errno::ENODATA));
+    db.setxattr(g, b"user.a", b"1", 0).unwrap();
+    db.setattr(
+        g,
+        &SetAttr {
+            mode: Some(0o644),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        !db.caches.bare(g),
+        "a SETATTR marks no inode that was not bare"
+    );
+    assert_eq!(db.getxattr(g, b"user.a").unwrap(), b"1");
     let h = db.file(Ino::ROOT, "h");
     db.unlink(Ino::ROOT, b"h", &NoReferences).unwrap();
     assert!(!db.caches.bare(h));
