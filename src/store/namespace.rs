@@ -252,7 +252,12 @@ pub fn remove(
     now: Timespec,
 ) -> Result<Removed, Errno> {
     check_lookup_name(name)?;
-    dir_meta(c, parent)?;
+    let found = dentry(c, parent, name)?;
+    if found.is_none() {
+        // A name is only ever stored under a directory (and never "." or ".."): only without
+        // one does the parent need a look, ENOTDIR coming before every other errno.
+        dir_meta(c, parent)?;
+    }
     if dir && name == b"." {
         return Err(Errno::EINVAL);
     }
@@ -262,7 +267,7 @@ pub fn remove(
     if !dir && (name == b"." || name == b"..") {
         return Err(Errno::EISDIR);
     }
-    let (id, ino) = dentry(c, parent, name)?.ok_or(Errno::ENOENT)?;
+    let (id, ino) = found.ok_or(Errno::ENOENT)?;
     let m = meta(c, ino)?;
     match (dir, m.is_dir()) {
         (false, true) => return Err(Errno::EISDIR),
