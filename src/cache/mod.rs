@@ -189,8 +189,9 @@ impl Caches {
     }
 
     /// `ino` was just created (`clears` was read before its transaction) and has no extended
-    /// attribute. Only its creator knows the number yet, so no reader races this, and any later
-    /// change of the inode drops the mark ([`Caches::inode_changed`]). What can race it is a
+    /// attribute. Only its creator knows the number yet, so no reader races this, and a later
+    /// change of its extended attributes, or its end, drops the mark
+    /// ([`Caches::xattrs_changed`]). What can race it is a
     /// clear (the create's batch lost, another process's change): a clear bumps the count
     /// before it empties the maps, so the mark is taken back if the count moved, and a clear
     /// that bumps after that check empties the map after the mark went in.
@@ -235,11 +236,19 @@ impl Caches {
 
     // ---- invalidation: call after the change committed, before the operation returns ----
 
-    /// `ino`'s stored attributes changed (size, times, mode, owner, link count, blocks).
+    /// `ino`'s stored attributes changed (size, times, mode, owner, link count, blocks). Its
+    /// extended attributes did not, so a mark that it has none stays: nothing but a setxattr
+    /// gives an existing inode one (see [`Caches::xattrs_changed`]).
     pub fn inode_changed(&self, ino: Ino) {
         if let Some(m) = &self.attr {
             m.remove(&ino);
         }
+    }
+
+    /// `ino`'s extended attributes changed (and its ctime with them), or it may be gone: its
+    /// attributes and its mark go.
+    pub fn xattrs_changed(&self, ino: Ino) {
+        self.inode_changed(ino);
         if let Some(m) = &self.bare {
             m.remove(&ino);
         }

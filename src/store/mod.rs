@@ -980,11 +980,6 @@ impl Store {
         let sized = set.size.is_some();
         let commits = |b: &batch::InodeBatch| sized || b.cut.is_some();
         let v0 = self.pending_version();
-        // No SETATTR adds an extended attribute (a chown drops a capability, which a bare
-        // inode has none of), so a bare inode stays bare: its next GETXATTR, which the kernel
-        // sends before the first write after any attribute refresh, is answered from memory.
-        let clears = self.caches.clears();
-        let bare = self.caches.bare(ino);
         let a = self.with_claims(&[ino], commits, set.mtime.is_some(), |c, claims| {
             for b in claims {
                 match set.size {
@@ -995,9 +990,6 @@ impl Store {
             }
             stat::setattr(c, cfg, ino, set, inode::now())
         })?;
-        if bare {
-            self.caches.put_bare(ino, clears);
-        }
         self.answer(ino, v0, a)
     }
 
@@ -1222,10 +1214,11 @@ impl Store {
         self.remove_fx(parent, name, false, live, &Effects::NONE)
     }
 
-    /// Invalidate the cached attributes and listings of inodes a mutation changed.
+    /// Invalidate the cached attributes, marks and listings of inodes a mutation changed or
+    /// deleted.
     fn forget_inodes(&self, inos: impl IntoIterator<Item = Ino>) {
         for ino in inos {
-            self.caches.inode_changed(ino);
+            self.caches.xattrs_changed(ino);
             self.caches.dir_changed(ino);
         }
     }
@@ -1591,7 +1584,7 @@ impl Store {
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<(), Errno> {
         self.admit(space::Need::op(name.len() + value.len()))?;
         let out = self.write_tx(|c| xattr::set(c, ino, name, value, flags, inode::now()));
-        self.caches.inode_changed(ino);
+        self.caches.xattrs_changed(ino);
         out
     }
 
@@ -1621,7 +1614,7 @@ impl Store {
     /// Remove an attribute; ENODATA if absent.
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<(), Errno> {
         let out = self.write_tx(|c| xattr::remove(c, ino, name, inode::now()));
-        self.caches.inode_changed(ino);
+        self.caches.xattrs_changed(ino);
         out
     }
 

@@ -326,10 +326,17 @@ pub fn rename(
             return Err(Errno::EINVAL);
         }
     }
-    dir_meta(c, parent)?;
-    dir_meta(c, newparent)?;
-    let (src_id, src) = dentry(c, parent, name)?.ok_or(Errno::ENOENT)?;
+    let found = dentry(c, parent, name)?;
     let dst = dentry(c, newparent, newname)?;
+    // A name is only ever stored under a directory: a parent is read only where no name was
+    // found in it, for its errno (ENOTDIR for either parent before ENOENT for the source).
+    if found.is_none() {
+        dir_meta(c, parent)?;
+    }
+    if dst.is_none() {
+        dir_meta(c, newparent)?;
+    }
+    let (src_id, src) = found.ok_or(Errno::ENOENT)?;
     let sm = meta(c, src)?;
     if flags.exchange {
         let (dst_id, dst) = dst.ok_or(Errno::ENOENT)?;

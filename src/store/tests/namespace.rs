@@ -471,6 +471,10 @@ fn rename_errnos() {
     assert_eq!(r(Ino::ROOT, b"f", Ino(999), b"x", NONE), Err(Errno::ENOENT));
     let fino = db.lookup(Ino::ROOT, b"f").unwrap().ino;
     assert_eq!(r(Ino::ROOT, b"f", fino, b"x", NONE), Err(Errno::ENOTDIR));
+    // ENOTDIR for either parent comes before ENOENT for the source.
+    assert_eq!(r(Ino::ROOT, b"nope", fino, b"x", NONE), Err(Errno::ENOTDIR));
+    assert_eq!(r(fino, b"nope", Ino::ROOT, b"x", NONE), Err(Errno::ENOTDIR));
+    assert_eq!(r(Ino(999), b"f", Ino::ROOT, b"f", NONE), Err(Errno::ENOENT));
     assert_eq!(
         r(Ino::ROOT, b"f", Ino::ROOT, &[b'x'; 256], NONE),
         Err(Errno::ENAMETOOLONG)
@@ -688,6 +692,12 @@ fn a_new_files_missing_attributes_are_answered_until_it_changes() {
         "a SETATTR adds no extended attribute: the mark stays"
     );
     assert_eq!(db.getxattr(g, b"security.capability"), Err(Errno::ENODATA));
+    db.write(g, 0, b"data").unwrap();
+    assert_eq!(
+        db.caches.bare(g),
+        crate::knobs::get().cache,
+        "nor does a write: the mark stays"
+    );
     db.setxattr(g, b"user.a", b"1", 0).unwrap();
     db.setattr(
         g,
@@ -699,7 +709,7 @@ fn a_new_files_missing_attributes_are_answered_until_it_changes() {
     .unwrap();
     assert!(
         !db.caches.bare(g),
-        "a SETATTR marks no inode that was not bare"
+        "a set attribute drops the mark for good"
     );
     assert_eq!(db.getxattr(g, b"user.a").unwrap(), b"1");
     let h = db.file(Ino::ROOT, "h");
@@ -830,6 +840,14 @@ fn a_failing_statement_rolls_back_the_whole_operation() {
 fn a_creates_answer_is_the_row_it_stored() {
     let db = fresh();
     let d = db.mkdir(Ino::ROOT, b"d", 0o2775, ME).unwrap();
+    let grp = SetAttr {
+        gid: Some(4242),
+        ..Default::default()
+    };
+    assert_eq!(
+        db.setattr(d.ino, &grp).unwrap().mode & libc::S_ISGID,
+        libc::S_ISGID
+    );
     let made = [
         db.mknod(Ino::ROOT, b"top", 0o644, 0, ME).unwrap(),
         db.mknod(d.ino, b"f", 0o640, 0, ME).unwrap(),
@@ -847,7 +865,9 @@ fn a_creates_answer_is_the_row_it_stored() {
         let stored = inode::attr_of(&other, &cfg, a.ino).unwrap();
         assert_eq!(a, stored, "inode {}", a.ino.0);
     }
-    // The setgid directory passes its group and bit on.
+    // The setgid directory passes its group on (and its bit to a subdirectory).
+    assert_eq!(made[0].gid, ME.gid);
+    assert!(made[1..].iter().all(|a| a.gid == 4242));
     assert_eq!(made[4].mode & libc::S_ISGID, libc::S_ISGID);
 }
 
