@@ -373,6 +373,40 @@ fn a_root_owned_project_is_served_as_owned_by_the_command() {
     no_sandbox_mounts_on_host(&p);
 }
 
+/// Root raises a FUSE mount's readahead after INIT (the kernel caps it at 128 KiB, and every
+/// READ with it); a sandbox's project mount lives in another mount namespace, so its device
+/// comes from the sandbox side, never from the project's host path (whose own device, when
+/// that directory is a mount point, must not be touched).
+#[test]
+fn a_root_sandboxs_project_mount_gets_the_readahead_of_a_plain_mount() {
+    let test = "a_root_sandboxs_project_mount_gets_the_readahead_of_a_plain_mount";
+    if !ready(test) || !common::fuse_only(test, "a FUSE mount's readahead") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("{test}: skipped, only root may raise a device's readahead");
+        return;
+    }
+    let p = Project::new("readahead", None);
+    let out = p.run(&format!(
+        "cat /sys/class/bdi/$(mountpoint -d {src})/read_ahead_kb",
+        src = p.source().display()
+    ));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = stdout(&out);
+    assert_eq!(
+        text.lines().last(),
+        Some(
+            agentfs::knobs::get()
+                .fuse_readahead_kib
+                .to_string()
+                .as_str()
+        ),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn outside_the_writable_set_writes_fail_with_erofs_and_secrets_read_empty() {
     if !ready("outside_the_writable_set_writes_fail_with_erofs_and_secrets_read_empty") {

@@ -365,6 +365,7 @@ fn supervise(
                         p,
                         fd,
                         &req.source,
+                        mount_device(rest),
                         owner,
                         guard.clone(),
                         knobs,
@@ -519,12 +520,23 @@ fn export_upper(
     })
 }
 
+/// The FUSE mount's device as the sandbox side reported it with the connection ("major:minor"
+/// after the "F"); never looked up by the project's path, which here names the host directory.
+fn mount_device(reported: &[u8]) -> server::MountDevice {
+    std::str::from_utf8(reported)
+        .ok()
+        .and_then(|s| s.split_once(':'))
+        .and_then(|(a, b)| Some(server::MountDevice::Known(a.parse().ok()?, b.parse().ok()?)))
+        .unwrap_or(server::MountDevice::Unknown)
+}
+
 /// Serve the project on `fd`, every inode owned by `owner`: the command's ids, which both
 /// the mount's user namespace and the command's map to themselves (docs/sandbox.md).
 fn start_server(
     p: server::Prepared,
     fd: OwnedFd,
     source: &Path,
+    device: server::MountDevice,
     owner: (u32, u32),
     guard: Option<Arc<Guard>>,
     knobs: &Knobs,
@@ -543,6 +555,7 @@ fn start_server(
         unmount_on_signal: false,
         owner: Some(owner),
         guard,
+        device,
     };
     std::thread::spawn(move || p.serve(fd, &opts, &knobs, &mut ()))
 }
@@ -661,7 +674,14 @@ fn pid1(req: &SandboxRequest, plan: &[Op], ids: Ids, sock: &UnixStream) -> i32 {
         };
         // Root builds the view as itself and runs the command as another id: both use it.
         ns::mount_fuse(dst, fuse.as_raw_fd(), ids.uid, ids.gid, ids.root)?;
-        ns::send_fd(sock, fuse.as_fd())?;
+        // The mount's device, for its readahead: "F" then "major:minor", or "F" alone when
+        // it cannot be told (a stat that asked the server would wait for it: it has not got
+        // the connection yet).
+        let mut msg = b"F".to_vec();
+        if let Ok((major, minor)) = ns::device_unasked(dst) {
+            msg.extend(format!("{major}:{minor}").bytes());
+        }
+        ns::send_fd(sock, fuse.as_fd(), &msg)?;
         let mut ack = [0u8; 1];
         match (&*sock).read(&mut ack) {
             Ok(1) if ack[0] == b'A' => Ok(()),

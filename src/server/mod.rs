@@ -70,6 +70,20 @@ pub struct ServeOptions {
     pub owner: Option<(u32, u32)>,
     /// What the server refuses by path (a sandbox's fence inside its project); None: nothing.
     pub guard: Option<Arc<crate::dispatch::guard::Guard>>,
+    /// Which device the mount is, for its readahead.
+    pub device: MountDevice,
+}
+
+/// The device (major, minor) of the server's mount, whose readahead it raises after INIT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MountDevice {
+    /// `mount_point` in this process's mount table (a mount made here).
+    AtMountPoint,
+    /// Known to whoever made the mount: a sandbox's is in another mount namespace, where
+    /// `mount_point` names the host directory under it (whose own device must not be touched).
+    Known(u32, u32),
+    /// Not known: the kernel's readahead stays.
+    Unknown,
 }
 
 /// Lock and open the database at `db` and build the filesystem it holds.
@@ -150,8 +164,13 @@ impl Prepared {
 
         let Handshake { negotiated, queues } = handshake(&chan, &dispatcher, knobs)?;
         // After the INIT reply: the kernel set the readahead from it, capped at 128 KiB.
-        if knobs.fuse_readahead_kib > 0 {
-            if let Err(e) = mount::set_readahead(&mnt, knobs.fuse_readahead_kib) {
+        let device = match opts.device {
+            MountDevice::AtMountPoint => mounts::find(&mnt).map(|m| (m.major, m.minor)),
+            MountDevice::Known(major, minor) => Some((major, minor)),
+            MountDevice::Unknown => None,
+        };
+        if let (Some(dev), true) = (device, knobs.fuse_readahead_kib > 0) {
+            if let Err(e) = mount::set_readahead(dev, knobs.fuse_readahead_kib) {
                 tracing::debug!("readahead left at the kernel's default: {e}");
             }
         }

@@ -239,15 +239,12 @@ fn receive_fd(sock: &UnixStream) -> Option<OwnedFd> {
     super::ns::recv_msg(sock).ok().and_then(|(_, fd)| fd)
 }
 
-/// Set the readahead of the mount at `mnt` to `kib` KiB through its backing device in sysfs
-/// (the kernel caps FUSE readahead, and with it the size of READ requests, at the bdi's
-/// 128 KiB default, whatever INIT says). Only root may write there.
-pub fn set_readahead(mnt: &Path, kib: u64) -> std::io::Result<()> {
-    let m = crate::sys::mounts::find(mnt).ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::NotFound, "not in the mount table")
-    })?;
+/// Set the readahead of the mount whose device is `(major, minor)` to `kib` KiB through its
+/// backing device in sysfs (the kernel caps FUSE readahead, and with it the size of READ
+/// requests, at the bdi's 128 KiB default, whatever INIT says). Only root may write there.
+pub fn set_readahead((major, minor): (u32, u32), kib: u64) -> std::io::Result<()> {
     std::fs::write(
-        format!("/sys/class/bdi/{}:{}/read_ahead_kb", m.major, m.minor),
+        format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"),
         kib.to_string(),
     )
 }

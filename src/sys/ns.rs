@@ -215,6 +215,23 @@ pub fn mount_fuse(path: &Path, fd: RawFd, uid: u32, gid: u32, allow_other: bool)
     .map_err(nix_io)
 }
 
+/// The device (major, minor) of the filesystem at `path`, from what the kernel already holds
+/// (`AT_STATX_DONT_SYNC`): a FUSE mount answers without asking its server, which may not be
+/// serving the connection yet.
+pub fn device_unasked(path: &Path) -> io::Result<(u32, u32)> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: statx is plain data, for which all zero bytes is a valid value.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    let flags = libc::AT_STATX_DONT_SYNC | libc::AT_SYMLINK_NOFOLLOW;
+    // SAFETY: a valid NUL-terminated path and a pointer to a statx the call fills.
+    let rc = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), flags, 0, &mut st) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((st.stx_dev_major, st.stx_dev_minor))
+}
+
 /// Kernel overlayfs at `path`: `lower` read-only under `upper` (changes) with overlayfs'
 /// `work` directory, its own attributes in the `user.overlay.` namespace (`userxattr`, which
 /// a user namespace requires; kernel-notes/overlayfs.md).
@@ -247,12 +264,12 @@ pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, path: &Path) -> io
     .map_err(nix_io)
 }
 
-/// Send one descriptor over a Unix socket (SCM_RIGHTS) with a one-byte message.
-pub fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
+/// Send one descriptor over a Unix socket (SCM_RIGHTS) with the message `msg`.
+pub fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>, msg: &[u8]) -> io::Result<()> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let fds = [fd.as_raw_fd()];
     let cmsg = [ControlMessage::ScmRights(&fds)];
-    let iov = [io::IoSlice::new(b"F")];
+    let iov = [io::IoSlice::new(msg)];
     sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None).map_err(nix_io)?;
     Ok(())
 }

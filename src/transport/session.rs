@@ -43,6 +43,7 @@ pub fn run(
         unmount_on_signal: true,
         owner: None,
         guard: None,
+        device: server::MountDevice::AtMountPoint,
     };
     let served = prepared.serve(fd, &opts, knobs, ready);
     if let Err(SessionError::Handshake(_)) = &served {
