@@ -522,12 +522,17 @@ fn export_upper(
 
 /// The FUSE mount's device as the sandbox side reported it with the connection ("major:minor"
 /// after the "F"); never looked up by the project's path, which here names the host directory.
+/// A FUSE superblock's device is anonymous (major 0): any other is not taken, so no report can
+/// point the server at a block device.
 fn mount_device(reported: &[u8]) -> server::MountDevice {
     std::str::from_utf8(reported)
         .ok()
         .and_then(|s| s.split_once(':'))
-        .and_then(|(a, b)| Some(server::MountDevice::Known(a.parse().ok()?, b.parse().ok()?)))
-        .unwrap_or(server::MountDevice::Unknown)
+        .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)))
+        .filter(|&(major, _)| major == 0)
+        .map_or(server::MountDevice::Unknown, |(major, minor)| {
+            server::MountDevice::Known(major, minor)
+        })
 }
 
 /// Serve the project on `fd`, every inode owned by `owner`: the command's ids, which both
@@ -678,7 +683,7 @@ fn pid1(req: &SandboxRequest, plan: &[Op], ids: Ids, sock: &UnixStream) -> i32 {
         // it cannot be told (a stat that asked the server would wait for it: it has not got
         // the connection yet).
         let mut msg = b"F".to_vec();
-        if let Ok((major, minor)) = ns::device_unasked(dst) {
+        if let Ok((major, minor)) = ns::mount_device_unasked(dst) {
             msg.extend(format!("{major}:{minor}").bytes());
         }
         ns::send_fd(sock, fuse.as_fd(), &msg)?;
@@ -987,4 +992,28 @@ fn join(req: &SandboxRequest, live: &LiveMarker) -> Result<i32, SandboxError> {
 fn exit_snapshot_failed(e: &str) {
     let (code, why) = crate::errors::split(e).unwrap_or((crate::errors::Code::Other, e));
     crate::errors::warn(code, &format!("exit snapshot failed: {why}"), None);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_anonymous_device_reported_with_the_connection_is_taken() {
+        use server::MountDevice::{Known, Unknown};
+        assert_eq!(mount_device(b"0:49"), Known(0, 49));
+        for bad in [
+            &b"8:0"[..],
+            b"254:1",
+            b"",
+            b"0",
+            b"0:",
+            b":1",
+            b"0:1:2",
+            b"a:b",
+            b"\xff",
+        ] {
+            assert_eq!(mount_device(bad), Unknown, "{bad:?}");
+        }
+    }
 }

@@ -215,19 +215,31 @@ pub fn mount_fuse(path: &Path, fd: RawFd, uid: u32, gid: u32, allow_other: bool)
     .map_err(nix_io)
 }
 
-/// The device (major, minor) of the filesystem at `path`, from what the kernel already holds
-/// (`AT_STATX_DONT_SYNC`): a FUSE mount answers without asking its server, which may not be
-/// serving the connection yet.
-pub fn device_unasked(path: &Path) -> io::Result<(u32, u32)> {
+/// The device (major, minor) of the mount whose root is at `path` (followed as mount(2)
+/// followed it), from what the kernel already holds: no field asked for (mask 0) and
+/// `AT_STATX_DONT_SYNC`, either of which keeps a FUSE mount from asking its server, which may
+/// not be serving the connection yet. EINVAL when `path` is not a mount's root.
+pub fn mount_device_unasked(path: &Path) -> io::Result<(u32, u32)> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: statx is plain data, for which all zero bytes is a valid value.
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
-    let flags = libc::AT_STATX_DONT_SYNC | libc::AT_SYMLINK_NOFOLLOW;
     // SAFETY: a valid NUL-terminated path and a pointer to a statx the call fills.
-    let rc = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), flags, 0, &mut st) };
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_STATX_DONT_SYNC,
+            0,
+            &mut st,
+        )
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
+    }
+    let root = u64::from(libc::STATX_ATTR_MOUNT_ROOT as u32);
+    if st.stx_attributes_mask & root == 0 || st.stx_attributes & root == 0 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     Ok((st.stx_dev_major, st.stx_dev_minor))
 }
