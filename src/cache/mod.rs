@@ -191,10 +191,10 @@ impl Caches {
     /// `ino` was just created (`clears` was read before its transaction) and has no extended
     /// attribute. Only its creator knows the number yet, so no reader races this, and a later
     /// change of its extended attributes, or its end, drops the mark
-    /// ([`Caches::xattrs_changed`]). What can race it is a
-    /// clear (the create's batch lost, another process's change): a clear bumps the count
-    /// before it empties the maps, so the mark is taken back if the count moved, and a clear
-    /// that bumps after that check empties the map after the mark went in.
+    /// ([`Caches::xattrs_changed`]). What can race it is a clear (the create's batch lost,
+    /// another process's change): a clear bumps the count before it empties the maps, so the
+    /// mark is taken back if the count moved, and a clear that bumps after that check empties
+    /// the map after the mark went in.
     pub fn put_bare(&self, ino: Ino, clears: u64) {
         if let Some(m) = &self.bare {
             m.insert(m.ticket(), ino, (), bare_weight());

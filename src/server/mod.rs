@@ -164,13 +164,14 @@ impl Prepared {
 
         let Handshake { negotiated, queues } = handshake(&chan, &dispatcher, knobs)?;
         // After the INIT reply: the kernel set the readahead from it, capped at 128 KiB.
-        let device = match opts.device {
-            MountDevice::AtMountPoint => mounts::find(&mnt).map(|m| (m.major, m.minor)),
-            MountDevice::Known(major, minor) => Some((major, minor)),
-            MountDevice::Unknown => None,
-        };
-        if let (Some(dev), true) = (device, knobs.fuse_readahead_kib > 0) {
-            if let Err(e) = mount::set_readahead(dev, knobs.fuse_readahead_kib) {
+        if knobs.fuse_readahead_kib > 0 {
+            let device = match opts.device {
+                MountDevice::AtMountPoint => mounts::find(&mnt).map(|m| (m.major, m.minor)),
+                MountDevice::Known(major, minor) => Some((major, minor)),
+                MountDevice::Unknown => None,
+            };
+            if let Some(Err(e)) = device.map(|d| mount::set_readahead(d, knobs.fuse_readahead_kib))
+            {
                 tracing::debug!("readahead left at the kernel's default: {e}");
             }
         }
