@@ -8,10 +8,10 @@
 //! fresh database per repetition, the database on the same ext4 disk as the native peer), a
 //! native ext4 directory (the limit every ratio is taken against), a tmpfs we mount, and
 //! libfuse's passthrough_hp example mirroring an ext4 directory (module `passthrough_hp`: a C++
-//! server on libfuse 3.17.2 with its own fast defaults, over /dev/fuse since that release has no
-//! io_uring transport). That column needs its binary: `sh benches/workloads/passthrough_hp.sh`
+//! server on libfuse 3.18.3 with its own fast defaults, one column over /dev/fuse and one over
+//! FUSE-over-io_uring). Those columns need its binary: `sh benches/workloads/passthrough_hp.sh`
 //! builds it into `target/bench-tools/` from libfuse's release source, or
-//! `AGENTFS_BENCH_PASSTHROUGH_HP=/path` names one; without it the column says how to get it. The
+//! `AGENTFS_BENCH_PASSTHROUGH_HP=/path` names one; without it the columns say how to get it. The
 //! overlay form (module `overlay`) follows: one lower tree through kernel overlayfs,
 //! fuse-overlayfs and AgentFS overlay mode side by side, with the delta's growth. Then the
 //! sandbox (module `sandbox`; alone: `-- sandbox`): the same workloads inside a sandbox on each
@@ -1244,10 +1244,11 @@ fn agentfs_binary(root: &Path) -> Result<PathBuf, String> {
 }
 
 /// Mount points the bench makes inside its scratch directory.
-const SCRATCH_MOUNTS: [&str; 8] = [
+const SCRATCH_MOUNTS: [&str; 9] = [
     "agentfs/mnt",
     "tmpfs",
-    passthrough_hp::MOUNT,
+    passthrough_hp::MOUNTS[0],
+    passthrough_hp::MOUNTS[1],
     "ov-0/mnt",
     "ov-1/mnt",
     "ov-2/mnt",

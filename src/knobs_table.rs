@@ -146,7 +146,7 @@ knob_table! {
     bench_variants: Str = "", [0, 0], Policy, "AGENTFS_BENCH_VARIANTS",
         "Benchmarks: the workloads bench adds an AgentFS column per entry listed here, comma-separated, each one or more NAME=VALUE of knobs separated by ';' that its server runs with (e.g. AGENTFS_WAL_CHECKPOINT_PAGES=0), so a change is measured beside what it replaces in one run (empty = none).";
     bench_passthrough_hp: Str = "", [0, 0], Policy, "AGENTFS_BENCH_PASSTHROUGH_HP",
-        "Benchmarks: the libfuse passthrough_hp executable behind the workloads bench's passthrough_hp column (empty = target/bench-tools/passthrough_hp, which benches/workloads/passthrough_hp.sh builds from libfuse's release source; without one the column says how to get it).";
+        "Benchmarks: the libfuse passthrough_hp executable behind the workloads bench's passthrough_hp columns, over /dev/fuse and over io_uring (the second needs libfuse 3.18 or later built with io_uring) (empty = target/bench-tools/passthrough_hp, which benches/workloads/passthrough_hp.sh builds from libfuse's release source; without one the columns say how to get it).";
     bench_sandbox_n: U64 = 30, [1, 100000], Policy, "AGENTFS_BENCH_SANDBOX_N",
         "Benchmarks: launches of each kind the sandbox bench times (median and p99 of these).";
 }

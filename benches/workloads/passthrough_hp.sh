@@ -3,31 +3,38 @@
 # (benches/workloads.rs), from libfuse's release source, and put it at
 # target/bench-tools/passthrough_hp. Does nothing when that file is already there.
 #
-# The source is the libfuse 3.17.2 release tarball as Debian's archive carries it (the same
+# The source is the libfuse 3.18.3 release tarball as Debian's archive carries it (the same
 # bytes as its .dsc names), checked against a pinned sha256. libfuse is built as a static
-# library, so the binary runs from anywhere without it installed. Only the example is built:
-# no utilities (fusermount3, mount.fuse3; the bench runs as root and mounts directly), no
-# tests, so no udev is needed.
+# library, so the binary runs from anywhere without it installed (liburing and libnuma stay
+# shared). It is built with FUSE-over-io_uring (libfuse 3.18 and later), so one binary serves
+# both of the bench's columns: /dev/fuse, and the ring with FUSE_URING_ENABLE=1. A build
+# without the ring fails here rather than giving a column that silently uses /dev/fuse. Only
+# the example is built: no utilities (fusermount3, mount.fuse3; the bench runs as root and
+# mounts directly), no tests, so no udev is needed. A binary from another version is rebuilt.
 #
-# Needs a C and C++ compiler, pkg-config, curl and python3; meson and ninja are taken from PATH
-# or installed with pip into a virtual environment under target/bench-tools. On Debian, run as
-# root, missing system packages are installed with apt-get.
+# Needs a C and C++ compiler, pkg-config, curl, python3, liburing (with SQE128: 2.2 or later)
+# and libnuma; meson and ninja are taken from PATH or installed with pip into a virtual
+# environment under target/bench-tools. On Debian, run as root, missing system packages are
+# installed with apt-get.
 #
 # Usage: sh benches/workloads/passthrough_hp.sh
 set -eu
 
-VERSION=3.17.2
+VERSION=3.18.3
 URL="http://deb.debian.org/debian/pool/main/f/fuse3/fuse3_${VERSION}.orig.tar.gz"
-SHA256=3d932431ad94e86179e5265cddde1d67aa3bb2fb09a5bd35c641f86f2b5ed06f
+SHA256=bcd19582c5e30f7fe45dd86a5540e998590aa01903afc7ebcbeea6c8ac5421ee
 MESON=meson==1.6.1
 NINJA=ninja==1.11.1.3
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TOOLS="$ROOT/target/bench-tools"
 OUT="$TOOLS/passthrough_hp"
+# What the binary was built from; a binary without it (or from another version) is rebuilt.
+STAMP="$OUT.built"
+BUILT="libfuse $VERSION with io_uring"
 
-if [ -x "$OUT" ]; then
-    echo "passthrough_hp: $OUT is already built"
+if [ -x "$OUT" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$BUILT" ]; then
+    echo "passthrough_hp: $OUT is already built ($BUILT)"
     exit 0
 fi
 
@@ -53,6 +60,12 @@ command -v cc >/dev/null 2>&1 || missing="$missing gcc"
 command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
 command -v curl >/dev/null 2>&1 || missing="$missing curl ca-certificates"
 command -v python3 >/dev/null 2>&1 || missing="$missing python3"
+if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists liburing; then
+    missing="$missing liburing-dev"
+fi
+if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists numa; then
+    missing="$missing libnuma-dev"
+fi
 # shellcheck disable=SC2086 # a word list on purpose
 [ -z "$missing" ] || apt_install $missing
 
@@ -92,11 +105,16 @@ SRC="$WORK/fuse-$VERSION"
 "$MESON_BIN" setup "$WORK/build" "$SRC" \
     --buildtype=release \
     -Ddefault_library=static \
-    -Dexamples=true -Dutils=false -Dtests=false >"$WORK/setup.log" 2>&1 ||
+    -Dexamples=true -Dutils=false -Dtests=false -Denable-io-uring=true \
+    >"$WORK/setup.log" 2>&1 ||
     { cat "$WORK/setup.log" >&2; die "meson setup failed"; }
+# libfuse leaves the ring out quietly when liburing or libnuma is missing or too old.
+grep -q "HAVE_URING" "$WORK/build/fuse_config.h" 2>/dev/null ||
+    { cat "$WORK/setup.log" >&2; die "libfuse was configured without io_uring (liburing with SQE128 and libnuma needed)"; }
 "$NINJA_BIN" -C "$WORK/build" example/passthrough_hp >"$WORK/build.log" 2>&1 ||
     { cat "$WORK/build.log" >&2; die "ninja failed"; }
 
 cp "$WORK/build/example/passthrough_hp" "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
-echo "passthrough_hp: built $OUT (libfuse $VERSION, linked statically)"
+echo "$BUILT" >"$STAMP"
+echo "passthrough_hp: built $OUT ($BUILT, libfuse linked statically)"
