@@ -127,7 +127,8 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
     // Blocked before the fork: every process of the sandbox starts with these blocked, and
     // only the command unblocks them.
     ns::block_signals(&ns::FORWARDED);
-    let outer = match ns::fork() {
+    let (forked, born_inside) = fork_into(history.cgroup_path().as_deref());
+    let outer = match forked {
         Ok(Forked::Child) => {
             drop(sup);
             ns::exit_now(outer_child(req, &plan, ids, &inside, supervisor))
@@ -140,7 +141,11 @@ pub fn run(req: &SandboxRequest, knobs: &Knobs) -> Result<i32, SandboxError> {
     };
     drop(inside);
     let guard = audit.as_ref().map(|(g, _)| g.clone());
-    let result = supervise(req, knobs, &sup, outer, &mut rec, &mut history, guard);
+    let child = Outer {
+        pid: outer,
+        born_inside,
+    };
+    let result = supervise(req, knobs, &sup, child, &mut rec, &mut history, guard);
     ns::unblock_signals(&ns::FORWARDED);
     if let Some((_, log)) = &audit {
         rec.escape_attempts = log.finish();
@@ -270,17 +275,49 @@ fn new_record(req: &SandboxRequest, plan: &[Op], ids: Ids) -> RunRecord {
     }
 }
 
+/// The sandbox's first process, as the supervisor forked it.
+struct Outer {
+    pid: i32,
+    /// Created inside the run's cgroup (else the supervisor moves it in).
+    born_inside: bool,
+}
+
+/// Fork a process of the sandbox: created inside the run's cgroup (`cgroup`, the checkpoint
+/// freezer's) where the kernel lets it, which spares the move into it (an RCU grace period,
+/// most of a launch's time); otherwise a plain fork, and the caller moves the child. Returns
+/// the fork's outcome and whether the child was created inside the cgroup.
+fn fork_into(cgroup: Option<&Path>) -> (std::io::Result<Forked>, bool) {
+    if let Some(dir) = cgroup {
+        match std::fs::File::open(dir)
+            .and_then(|d| ns::fork_into_cgroup(std::os::fd::AsFd::as_fd(&d)))
+        {
+            Ok(f) => return (Ok(f), true),
+            Err(e) => tracing::debug!(
+                "not forked inside {} ({e}): the child is moved in",
+                dir.display()
+            ),
+        }
+    }
+    (ns::fork(), false)
+}
+
 /// The supervisor's side: open the store, serve the connection pid 1 sends, wait for the end.
 fn supervise(
     req: &SandboxRequest,
     knobs: &Knobs,
     sup: &UnixStream,
-    outer: i32,
+    child: Outer,
     rec: &mut RunRecord,
     history: &mut RunHistory,
     guard: Option<Arc<Guard>>,
 ) -> Result<i32, SandboxError> {
-    let prepared = history.adopt(outer).and_then(|_| {
+    let outer = child.pid;
+    let adopted = if child.born_inside {
+        Ok(())
+    } else {
+        history.adopt(outer)
+    };
+    let prepared = adopted.and_then(|_| {
         // The outer child forks pid 1 only after this: every process of the sandbox starts
         // inside its cgroup.
         send(sup, b"C");
@@ -892,16 +929,17 @@ fn join(req: &SandboxRequest, live: &LiveMarker) -> Result<i32, SandboxError> {
     };
     let (sup, inside) = ns::seqpacket_pair().map_err(|e| io_err("socketpair", e))?;
     ns::block_signals(&ns::FORWARDED);
-    let joiner = match ns::fork() {
+    let (forked, born_inside) = fork_into(live.cgroup.as_deref());
+    let joiner = match forked {
         Ok(Forked::Child) => {
             drop(sup);
             let setns = |f: &std::fs::File, k: CloneFlags| {
                 nix::sched::setns(f, k).map_err(|e| std::io::Error::from_raw_os_error(e as i32))
             };
-            // Into the sandbox's cgroup ("0" is the writer), so checkpoints freeze it too.
-            // Where that fails the command would run unfrozen: refused under `require`, said
-            // under `auto`, as at launch.
-            if let Some(cg) = &live.cgroup {
+            // Into the sandbox's cgroup ("0" is the writer) unless created there, so
+            // checkpoints freeze it too. Where that fails the command would run unfrozen:
+            // refused under `require`, said under `auto`, as at launch.
+            if let Some(cg) = live.cgroup.as_ref().filter(|_| !born_inside) {
                 if let Err(e) = std::fs::write(cg.join("cgroup.procs"), "0") {
                     let why = format!("cannot join the sandbox's cgroup {}: {e}", cg.display());
                     let knob = &crate::knobs::get().checkpoint_freeze;

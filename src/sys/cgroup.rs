@@ -124,3 +124,60 @@ impl Drop for Cgroup {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::ns::{fork_into_cgroup, Forked};
+    use std::os::fd::AsFd as _;
+
+    /// A child made by `fork_into_cgroup` is in the cgroup from its first instruction: its
+    /// /proc/PID/cgroup names it while it has done nothing but wait.
+    #[test]
+    fn a_child_forked_into_a_cgroup_starts_inside_it() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIP: cgroups are created as root here");
+            return;
+        }
+        let cg = match Cgroup::create(&format!("unit-fork-{}", std::process::id())) {
+            Ok(cg) => cg,
+            Err(e) => {
+                eprintln!("SKIP: no cgroup v2 to create one in: {e}");
+                return;
+            }
+        };
+        let dir = std::fs::File::open(cg.path()).unwrap();
+        match fork_into_cgroup(dir.as_fd()).unwrap() {
+            Forked::Child => {
+                // SAFETY: pause and _exit are async-signal-safe; the parent ends this child
+                // with SIGKILL.
+                unsafe {
+                    libc::pause();
+                    libc::_exit(0)
+                }
+            }
+            Forked::Parent(child) => {
+                let pid = child.as_raw();
+                let seen = std::fs::read_to_string(format!("/proc/{pid}/cgroup"));
+                // SAFETY: `pid` is our own child, not yet reaped.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, std::ptr::null_mut(), 0);
+                }
+                let seen = seen.unwrap();
+                let name = cg
+                    .path()
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                let line = seen.lines().find(|l| l.starts_with("0::")).unwrap_or("");
+                assert!(
+                    line.ends_with(&format!("/agentfs/{name}")),
+                    "the child is in {line:?}, not in {name}"
+                );
+            }
+        }
+    }
+}
