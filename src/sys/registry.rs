@@ -193,22 +193,26 @@ pub fn stale() -> Vec<(PathBuf, Option<u32>)> {
     out
 }
 
-/// Every server record file and what it says (None: unreadable); ended servers' logs and
-/// outcomes past [`KEEP_ENDED`] are removed on the way.
+/// Every server record file and what it says (None: unreadable); what ended servers and
+/// sandboxes left (logs, outcomes, Litestream's configuration and log) past [`KEEP_ENDED`] is
+/// removed on the way.
 fn records() -> Vec<(PathBuf, Option<ServerRecord>)> {
-    let Ok(dir) = std::fs::read_dir(runtime_dir()) else {
+    records_in(&runtime_dir(), std::time::SystemTime::now())
+}
+
+fn records_in(dir: &Path, now: std::time::SystemTime) -> Vec<(PathBuf, Option<ServerRecord>)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut out = Vec::new();
-    for ent in dir.flatten() {
+    for ent in entries.flatten() {
         let path = ent.path();
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("server") => {}
-            Some("log" | "exit") => {
-                remove_if_ended(&path);
-                continue;
-            }
-            _ => continue,
+        if let Some(pid) = leftover_of(&path) {
+            remove_if_ended(&path, pid, now);
+            continue;
+        }
+        if path.extension().and_then(|e| e.to_str()) != Some("server") {
+            continue;
         }
         let rec = std::fs::read_to_string(&path).ok().and_then(|t| parse(&t));
         out.push((path, rec));
@@ -216,18 +220,79 @@ fn records() -> Vec<(PathBuf, Option<ServerRecord>)> {
     out
 }
 
-/// Remove the log or outcome file `path` (named PID.log or PID.exit) of a server that ended
-/// more than [`KEEP_ENDED`] ago.
-fn remove_if_ended(path: &Path) {
-    let pid = path.file_stem().and_then(|s| s.to_str());
-    if pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists()) {
+/// The pid of the process that left `path` when it is one of the files kept past a process's
+/// end: `PID.log`, `PID.exit`, `PID.litestream.log`, `PID.litestream.yml`.
+fn leftover_of(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?;
+    let (pid, rest) = name.split_once('.')?;
+    if !matches!(rest, "log" | "exit" | "litestream.log" | "litestream.yml") {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Remove `path`, left by process `pid`, once that process is gone and the file is older
+/// than [`KEEP_ENDED`].
+fn remove_if_ended(path: &Path, pid: u32, now: std::time::SystemTime) {
+    if Path::new(&format!("/proc/{pid}")).exists() {
         return;
     }
     let age = std::fs::metadata(path)
         .and_then(|m| m.modified())
         .ok()
-        .and_then(|t| t.elapsed().ok());
+        .and_then(|t| now.duration_since(t).ok());
     if age.is_some_and(|a| a > KEEP_ENDED) {
         let _ = std::fs::remove_file(path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    /// What ended processes left goes after a day, Litestream's configuration included; a
+    /// living process's files, a fresh file and anything else stay.
+    #[test]
+    fn files_of_ended_processes_go_after_a_day() {
+        let dir = tempfile::tempdir().unwrap();
+        // Above any pid_max: never a living process.
+        let dead = 4_000_000_000u32;
+        let me = std::process::id();
+        let names = [
+            format!("{dead}.log"),
+            format!("{dead}.exit"),
+            format!("{dead}.litestream.log"),
+            format!("{dead}.litestream.yml"),
+            format!("{me}.log"),
+            format!("{me}.litestream.yml"),
+            format!("{dead}.notes"),
+            "other.yml".to_string(),
+        ];
+        for n in &names {
+            std::fs::write(dir.path().join(n), "x").unwrap();
+        }
+        let fresh = dir.path().join(format!("{}.log", dead - 1));
+        std::fs::write(&fresh, "x").unwrap();
+        // Two days from now, every file but `fresh` (touched then) is two days old.
+        let later = SystemTime::now() + Duration::from_secs(2 * 24 * 3600);
+        let f = std::fs::File::options().write(true).open(&fresh).unwrap();
+        f.set_modified(later).unwrap();
+        records_in(dir.path(), later);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let mut want = vec![
+            format!("{me}.log"),
+            format!("{me}.litestream.yml"),
+            format!("{dead}.notes"),
+            format!("{}.log", dead - 1),
+            "other.yml".to_string(),
+        ];
+        want.sort();
+        assert_eq!(left, want);
     }
 }
