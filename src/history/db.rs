@@ -594,31 +594,37 @@ mod codec {
         DEPTH.with(|d| d.get() > 0)
     }
 
-    pub fn compress(raw: &[u8]) -> std::io::Result<Vec<u8>> {
+    /// Run `f` with the context in `slot` (made by `make` when it has none), or, outside a
+    /// transaction, with a fresh one that goes when `f` returns.
+    fn with_context<C, T>(
+        slot: &'static std::thread::LocalKey<RefCell<Option<C>>>,
+        make: impl FnOnce() -> std::io::Result<C>,
+        f: impl FnOnce(&mut C) -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
         if !kept() {
-            return zstd::bulk::compress(raw, super::ZSTD_LEVEL);
+            return f(&mut make()?);
         }
-        COMPRESSOR.with(|c| {
-            let mut c = c.borrow_mut();
-            let ctx = match c.as_mut() {
+        slot.with(|s| {
+            let mut s = s.borrow_mut();
+            let ctx = match s.as_mut() {
                 Some(ctx) => ctx,
-                None => c.insert(zstd::bulk::Compressor::new(super::ZSTD_LEVEL)?),
+                None => s.insert(make()?),
             };
-            ctx.compress(raw)
+            f(ctx)
         })
     }
 
+    pub fn compress(raw: &[u8]) -> std::io::Result<Vec<u8>> {
+        with_context(
+            &COMPRESSOR,
+            || zstd::bulk::Compressor::new(super::ZSTD_LEVEL),
+            |c| c.compress(raw),
+        )
+    }
+
     pub fn decompress(body: &[u8], capacity: usize) -> std::io::Result<Vec<u8>> {
-        if !kept() {
-            return zstd::bulk::decompress(body, capacity);
-        }
-        DECOMPRESSOR.with(|c| {
-            let mut c = c.borrow_mut();
-            let ctx = match c.as_mut() {
-                Some(ctx) => ctx,
-                None => c.insert(zstd::bulk::Decompressor::new()?),
-            };
-            ctx.decompress(body, capacity)
+        with_context(&DECOMPRESSOR, zstd::bulk::Decompressor::new, |d| {
+            d.decompress(body, capacity)
         })
     }
 
