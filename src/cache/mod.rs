@@ -236,6 +236,21 @@ impl Caches {
 
     // ---- invalidation: call after the change committed, before the operation returns ----
 
+    /// `parent`/`name` was just created as `child` (call after [`Caches::entry_changed`] or
+    /// [`Caches::entry_changed_at`] for it): both are known, so an unlink of the name can be
+    /// answered without the database. A lost batch may undo the create; its clears come
+    /// before or after these inserts, and the loss is recorded before the second, so after
+    /// them a recorded loss takes them back.
+    pub fn put_created(&self, parent: Ino, name: &[u8], child: &Attr) {
+        let t = self.ticket();
+        self.put_lookup(&t, parent, name, Some(child.ino));
+        self.put_attr(&t, *child);
+        if self.journal.get().is_some_and(|j| j.errno().is_some()) {
+            self.name_changed(parent, name);
+            self.inode_changed(child.ino);
+        }
+    }
+
     /// `ino`'s stored attributes changed (size, times, mode, owner, link count, blocks). Its
     /// extended attributes did not, so a mark that it has none stays: nothing but a setxattr
     /// gives an existing inode one (see [`Caches::xattrs_changed`]).

@@ -9,6 +9,7 @@
 //! [`Liveness::retain_orphan`]); never call into the store while holding `counts`.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -31,10 +32,10 @@ pub struct Forgotten {
     pub orphan_released: bool,
 }
 
-/// The reference table shared by every transport thread.
-#[derive(Default)]
+/// The reference table shared by every transport thread (a clone is another handle on it).
+#[derive(Clone, Default)]
 pub struct LookupRefs {
-    table: Mutex<Table>,
+    table: Arc<Mutex<Table>>,
 }
 
 impl LookupRefs {
@@ -91,6 +92,10 @@ impl Liveness for LookupRefs {
         } else {
             false
         }
+    }
+
+    fn shared(&self) -> Option<Arc<dyn Liveness + Send>> {
+        Some(Arc::new(self.clone()))
     }
 }
 

@@ -4,10 +4,11 @@
 //! and the durability window (committed work is made durable at most
 //! `AGENTFS_DURABILITY_WINDOW_MS` after it committed, without a barrier).
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -441,6 +442,16 @@ impl Writer {
         }
     }
 
+    /// A deferred operation failed after it was acknowledged: record it as lost work and
+    /// drop what the caches may have learned from it (an operation that was refused because
+    /// of an earlier loss is part of that loss).
+    fn lose_deferred(&mut self, e: Errno) {
+        self.failure.lost_ops(e, 1);
+        if let Some(hook) = &self.on_lost {
+            hook();
+        }
+    }
+
     /// The durability barrier: commit the open batch, then make every committed transaction
     /// durable with an fdatasync of the -wal file (or of the main file when there is no WAL).
     /// The caller holds the writer lock, so no commit races it. Skipped when provably nothing
@@ -723,14 +734,37 @@ fn checkpoint_loop(db: &Path, sh: &CkptShared) {
     }
 }
 
+/// An operation acknowledged before it ran (see [`WriterCell::defer`]).
+pub type Deferred = Box<dyn FnOnce(&Connection) -> Result<(), Errno> + Send>;
+
+/// The deferred operations, and whether the cell still takes any (not after shutdown began:
+/// nothing would run them).
+#[derive(Default)]
+struct Queue {
+    ops: VecDeque<Deferred>,
+    closed: bool,
+}
+
 /// The writer behind its mutex, with the flusher that commits a batch when its window ends.
 pub struct WriterCell {
     writer: Mutex<Writer>,
-    /// Wakes the flusher: a batch was opened, or shutdown.
+    /// Wakes the flusher: a batch was opened, an operation was deferred, or shutdown.
     wake: Condvar,
     /// Whether a batch transaction is open (readers then read through the writer).
     open: Arc<AtomicBool>,
     flusher: Mutex<Option<JoinHandle<()>>>,
+    /// Operations acknowledged before they ran, oldest first. Only a holder of the writer
+    /// lock takes them out, and it runs every one before its own work ([`WriterCell::settle`]),
+    /// so the database sees them in the order they were acknowledged, before anything after.
+    deferred: Mutex<Queue>,
+    /// Deferred operations not yet run: those in `deferred` and the one a settler has taken
+    /// out and is running. Read without a lock by readers, which must not read the committed
+    /// state around the writer while it is above zero.
+    queued: AtomicUsize,
+    /// Whether operations may be acknowledged before they commit at all (namespace batching).
+    acks_early: bool,
+    /// The space guard's low-space flag (nothing is acknowledged early while it is up).
+    space_low: Arc<AtomicBool>,
 }
 
 impl WriterCell {
@@ -739,9 +773,13 @@ impl WriterCell {
         let batching = w.policy.is_some() || !w.sync_window.is_zero();
         let cell = Arc::new(WriterCell {
             open: w.open_flag.clone(),
+            acks_early: w.policy.is_some(),
+            space_low: w.space_low.clone(),
             writer: Mutex::new(w),
             wake: Condvar::new(),
             flusher: Mutex::new(None),
+            deferred: Mutex::new(Queue::default()),
+            queued: AtomicUsize::new(0),
         });
         if batching {
             let me = cell.clone();
@@ -756,18 +794,68 @@ impl WriterCell {
         Ok(cell)
     }
 
-    /// The writer, locked (for the barrier, the checkpoint, schema statements).
+    /// The writer, locked (for the barrier, the checkpoint, schema statements), with every
+    /// deferred operation run.
     pub fn lock(&self) -> MutexGuard<'_, Writer> {
-        self.writer.lock()
+        let mut w = self.writer.lock();
+        self.settle(&mut w);
+        w
     }
 
-    /// Run `f` as one atomic operation (see [`Writer::transact`]).
+    /// Run `f` as one atomic operation (see [`Writer::transact`]), after the deferred ones.
     pub fn transact<T>(&self, f: impl FnOnce(&Connection) -> Result<T, Errno>) -> Result<T, Errno> {
-        let (out, opened) = self.writer.lock().transact(f);
+        let (out, opened) = {
+            let mut w = self.writer.lock();
+            let settled = self.settle(&mut w);
+            let (out, opened) = w.transact(f);
+            (out, opened || settled)
+        };
         if opened {
             self.wake.notify_one();
         }
         out
+    }
+
+    /// Queue `op` to run as one atomic operation of the namespace batch later, on the flusher
+    /// or before whatever uses the writer next; its caller acknowledges it now. Handed back
+    /// when operations may not be acknowledged before they commit (no namespace batching, low
+    /// space), `cap` operations are queued already or shutdown began: the caller then runs it
+    /// itself.
+    pub fn defer(&self, op: Deferred, cap: usize) -> Result<(), Deferred> {
+        if !self.acks_early || self.space_low.load(Ordering::Relaxed) {
+            return Err(op);
+        }
+        {
+            let mut q = self.deferred.lock();
+            if q.closed || q.ops.len() >= cap {
+                return Err(op);
+            }
+            q.ops.push_back(op);
+            self.queued.fetch_add(1, Ordering::AcqRel);
+        }
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Run every deferred operation, oldest first, each as one atomic operation (see
+    /// [`Writer::transact`]). One that fails was acknowledged already: it is counted as lost
+    /// work (the sticky failure) and the caches are told, as for a lost batch. Returns whether
+    /// a batch transaction was opened (the flusher must be woken).
+    fn settle(&self, w: &mut Writer) -> bool {
+        let mut opened = false;
+        while self.queued.load(Ordering::Acquire) > 0 {
+            let Some(op) = self.deferred.lock().ops.pop_front() else {
+                break;
+            };
+            let (out, o) = w.transact(op);
+            opened |= o;
+            if let Err(e) = out {
+                w.lose_deferred(e);
+            }
+            // Only now: a reader that finds nothing queued reads around the writer.
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        opened
     }
 
     /// Run `f` as its own transaction after committing the open batch (a failed batch COMMIT is
@@ -778,7 +866,7 @@ impl WriterCell {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
-        let mut w = self.writer.lock();
+        let mut w = self.lock();
         let _ = w.commit();
         w.transact_alone(f)
     }
@@ -790,10 +878,15 @@ impl WriterCell {
     where
         F: FnOnce(&Connection) -> Result<T, Errno>,
     {
-        if !self.open.load(Ordering::Acquire) {
+        // The queue first: a deferred operation opens the batch before it stops counting as
+        // queued, so a reader that sees the count at zero sees the batch open (or committed).
+        if self.queued.load(Ordering::Acquire) == 0 && !self.open.load(Ordering::Acquire) {
             return Err(f);
         }
         let mut w = self.writer.lock();
+        if self.settle(&mut w) {
+            self.wake.notify_one();
+        }
         if w.batch.is_none() {
             return Err(f);
         }
@@ -823,6 +916,7 @@ impl WriterCell {
             if w.shutdown {
                 return;
             }
+            self.settle(&mut w);
             let now = Instant::now();
             let commit_due = match (&w.batch, w.policy) {
                 (Some(b), Some(p)) => Some(b.since + p.window),
@@ -858,8 +952,10 @@ impl WriterCell {
 
     /// Stop the flusher and commit the open batch (no barrier). Idempotent.
     pub fn shutdown(&self) -> Result<(), Errno> {
+        // Closed first, so every operation deferred before is run below.
+        self.deferred.lock().closed = true;
         let out = {
-            let mut w = self.writer.lock();
+            let mut w = self.lock();
             w.shutdown = true;
             w.commit()
         };

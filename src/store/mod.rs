@@ -184,6 +184,12 @@ pub trait Liveness: Sync {
     /// Return true to keep the inode's rows as an orphan (the caller then owes a
     /// [`Store::reap`] after the last FORGET); false to delete them in the same transaction.
     fn retain_orphan(&self, ino: Ino) -> bool;
+
+    /// The same references, owned, for an operation that runs after its reply (see
+    /// [`Store::unlink`]); None where there is no such handle (the operation then runs first).
+    fn shared(&self) -> Option<Arc<dyn Liveness + Send>> {
+        None
+    }
 }
 
 /// No kernel references (offline use): every inode that loses its last name is deleted.
@@ -1093,6 +1099,9 @@ impl Store {
         if times.is_some() {
             self.caches.put_bare(a.ino, clears);
         }
+        if !name.is_empty() {
+            self.caches.put_created(parent, name, &a);
+        }
         Ok(a)
     }
 
@@ -1211,7 +1220,62 @@ impl Store {
         name: &[u8],
         live: &dyn Liveness,
     ) -> Result<Option<Ino>, Errno> {
+        if let Some(kept) = self.unlink_later(parent, name, live) {
+            return Ok(kept);
+        }
         self.remove_fx(parent, name, false, live, &Effects::NONE)
+    }
+
+    /// Acknowledge an unlink before it runs, when the caches know everything its answer
+    /// depends on: the name leads to a non-directory, its link count and that it has no
+    /// pending bytes. The caches take the change at once; the statements run later as one
+    /// operation of the namespace batch, in order, on the flusher (the other CPU) or before
+    /// whatever touches the database next ([`conn::WriterCell::defer`]). Whether the rows of
+    /// a last name go or stay as an orphan is decided when they run, by the references the
+    /// kernel holds then. Another process may have changed the name meanwhile: then it no
+    /// longer leads to that inode and nothing is removed. Returns the answer (the inode when
+    /// it keeps other names), None when the unlink must run now.
+    fn unlink_later(&self, parent: Ino, name: &[u8], live: &dyn Liveness) -> Option<Option<Ino>> {
+        let cap = crate::knobs::get().batch_unlink_queue;
+        let (Some(w), Some(live)) = (&self.writer, live.shared()) else {
+            return None;
+        };
+        if cap == 0 || self.failure.check().is_err() {
+            return None;
+        }
+        let ino = self.caches.lookup(parent, name)??;
+        let a = self.caches.attr(ino)?;
+        if a.nlink < 1 || a.mode & libc::S_IFMT == libc::S_IFDIR {
+            return None;
+        }
+        let pending = self
+            .batch
+            .as_ref()
+            .is_some_and(|b| b.view(|v| v.attr(ino).is_some()).1);
+        if pending {
+            return None;
+        }
+        let now = inode::now();
+        let batch = self.batch.clone();
+        let owned = name.to_vec();
+        let op: conn::Deferred = Box::new(move |c| {
+            if inode::dentry(c, parent, &owned)?.is_none_or(|(_, i)| i != ino) {
+                return Ok(());
+            }
+            let removed = namespace::remove(c, parent, &owned, false, &*live, now)?;
+            if let (true, Some(b)) = (removed.deleted, &batch) {
+                b.discard(ino);
+            }
+            Ok(())
+        });
+        if w.defer(op, usize::try_from(cap).unwrap_or(usize::MAX))
+            .is_err()
+        {
+            return None;
+        }
+        self.names_changed(&[(parent, name)], Some(now));
+        self.forget_inodes([ino]);
+        Some((a.nlink > 1).then_some(ino))
     }
 
     /// Invalidate the cached attributes, marks and listings of inodes a mutation changed or

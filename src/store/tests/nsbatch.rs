@@ -153,3 +153,106 @@ fn a_failed_commit_loses_the_window_is_sticky_and_drops_the_caches() {
     assert!(what.contains("2 acknowledged operations"), "{what}");
     db.assert_clean();
 }
+
+/// A kernel's references as the server counts them: unlinks may run after their reply.
+fn kernel_refs() -> crate::dispatch::LookupRefs {
+    crate::dispatch::LookupRefs::default()
+}
+
+#[test]
+fn an_unlink_the_caches_can_answer_is_acknowledged_before_its_statements_run() {
+    let db = batched();
+    let f = db.file(Ino::ROOT, "f");
+    db.sync().unwrap();
+    // From now on deleting a name fails inside SQLite: an unlink that ran before its reply
+    // would report it.
+    db.raw()
+        .execute_batch(
+            "CREATE TRIGGER boom BEFORE DELETE ON fs_dentry BEGIN SELECT RAISE(ABORT, 'boom'); END;",
+        )
+        .unwrap();
+    let refs = kernel_refs();
+    assert_eq!(db.unlink(Ino::ROOT, b"f", &refs), Ok(None), "acknowledged");
+    // It ran, failed and was lost: sticky, counted, and the caches let go of the change.
+    let e = db.sync().unwrap_err();
+    assert_eq!(db.sync(), Err(e));
+    assert_eq!(
+        db.lookup(Ino::ROOT, b"f").unwrap().ino,
+        f,
+        "the name is back"
+    );
+    let what = db.failure().summary().unwrap();
+    assert!(what.contains("1 acknowledged operation"), "{what}");
+}
+
+#[test]
+fn a_later_unlink_runs_in_order_before_anything_that_follows_it() {
+    let db = batched();
+    let refs = kernel_refs();
+    let f = db.file(Ino::ROOT, "f");
+    let open = db.file(Ino::ROOT, "open");
+    refs.add(open, 1);
+    let twice = db.file(Ino::ROOT, "one");
+    db.link(twice, Ino::ROOT, b"two").unwrap();
+    db.getattr(twice).unwrap();
+    db.unlink(Ino::ROOT, b"f", &refs).unwrap();
+    db.unlink(Ino::ROOT, b"open", &refs).unwrap();
+    assert_eq!(
+        db.unlink(Ino::ROOT, b"one", &refs),
+        Ok(Some(twice)),
+        "keeps a name"
+    );
+    assert_eq!(db.lookup(Ino::ROOT, b"two").unwrap().nlink, 1);
+    // The same names again: each create sees its name gone first.
+    assert_eq!(db.lookup(Ino::ROOT, b"f").unwrap_err(), Errno::ENOENT);
+    let g = db.file(Ino::ROOT, "f");
+    assert_ne!(g, f);
+    assert_eq!(
+        db.getattr(open).unwrap().nlink,
+        0,
+        "an orphan while referenced"
+    );
+    db.sync().unwrap();
+    assert!(committed(&db, "f") && !committed(&db, "open"));
+    let rows = |ino: Ino| {
+        db.q(&format!(
+            "SELECT count(*) FROM fs_inode WHERE ino = {}",
+            ino.0
+        ))
+    };
+    assert_eq!(rows(f), 0, "unreferenced: its rows went with its name");
+    assert_eq!(rows(open), 1, "referenced: kept until its last FORGET");
+    assert!(refs.forget(open, 1).orphan_released);
+    db.reap(&[open]).unwrap();
+    assert_eq!(rows(open), 0);
+    db.assert_clean();
+}
+
+#[test]
+fn a_later_unlink_leaves_a_name_another_process_gave_to_another_file() {
+    let db = batched();
+    let refs = kernel_refs();
+    let f = db.file(Ino::ROOT, "f");
+    db.sync().unwrap();
+    // Another process replaces the name; this server's caches still say `f`.
+    let c = db.raw();
+    c.execute_batch(
+        "INSERT INTO fs_inode (mode, nlink, atime, mtime, ctime) VALUES (33188, 1, 0, 0, 0);
+         UPDATE fs_dentry SET ino = last_insert_rowid() WHERE parent_ino = 1 AND name = 'f';",
+    )
+    .unwrap();
+    let other: i64 = c
+        .query_row(
+            "SELECT ino FROM fs_dentry WHERE parent_ino = 1 AND name = 'f'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_ne!(other, f.0 as i64);
+    c.execute("UPDATE fs_inode SET nlink = 0 WHERE ino = ?1", [f.0 as i64])
+        .unwrap();
+    db.unlink(Ino::ROOT, b"f", &refs).unwrap();
+    db.sync().unwrap();
+    let name: i64 = db.q("SELECT ino FROM fs_dentry WHERE parent_ino = 1 AND name = 'f'");
+    assert_eq!(name, other, "the other file keeps the name");
+}
