@@ -182,43 +182,56 @@ fn a_name_whose_removal_was_lost_is_not_hidden_by_the_kernel_cache() {
 }
 
 /// An unlink the server's caches can answer is acknowledged before its statements run
-/// (`AGENTFS_BATCH_UNLINK_QUEUE`); when they fail afterwards, the loss is as loud as a lost
-/// commit: sticky, the name back in the kernel's view, umount non-zero.
+/// (`AGENTFS_BATCH_UNLINK_QUEUE`), on a plain mount and on an overlay one; when they fail
+/// afterwards, the loss is as loud as a lost commit: sticky, the name back in the kernel's
+/// view, umount non-zero.
 #[test]
 fn an_unlink_that_fails_after_its_reply_is_lost_loudly() {
     if !fuse_or_skip("an_unlink_that_fails_after_its_reply_is_lost_loudly") {
         return;
     }
-    let mut m = Mounted::new();
-    m.unmount();
-    // Removing this one name fails inside SQLite, whenever it is tried.
-    rusqlite::Connection::open(&m.db)
-        .unwrap()
-        .execute_batch(
-            "CREATE TRIGGER boom BEFORE DELETE ON fs_dentry WHEN OLD.name = 'doomed'
-             BEGIN SELECT RAISE(ABORT, 'boom'); END;",
-        )
-        .unwrap();
-    m.mount();
-    fs::write(m.path("doomed"), b"").unwrap();
-    fs::write(m.path("other"), b"").unwrap();
-    fs::remove_file(m.path("doomed")).expect("acknowledged before it ran");
-    assert!(
-        errno(fsync_dir(&m.mnt)).is_some(),
-        "the barrier met the loss"
-    );
-    assert!(
-        errno(fs::remove_file(m.path("other"))).is_some(),
-        "sticky: later changes are refused"
-    );
-    eventually("the name whose removal was lost stays hidden", || {
-        m.path("doomed").exists()
-    });
-    let (out, server) = m.unmount_reporting();
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "umount after a lost unlink exited 0");
-    assert!(said.contains("acknowledged operation"), "{said}");
-    assert!(!server.success());
+    for overlay in [false, true] {
+        let mut m = Mounted::unmounted();
+        if overlay {
+            let base = m.dir.path().join("base");
+            fs::create_dir_all(base.join("dir")).unwrap();
+            fs::write(base.join("dir/from-base"), b"base").unwrap();
+            common::init_overlay(&m.db, &base);
+        } else {
+            m.mount();
+            m.unmount();
+        }
+        // Removing this one name fails inside SQLite, whenever it is tried.
+        rusqlite::Connection::open(&m.db)
+            .unwrap()
+            .execute_batch(
+                "CREATE TRIGGER boom BEFORE DELETE ON fs_dentry WHEN OLD.name = 'doomed'
+                 BEGIN SELECT RAISE(ABORT, 'boom'); END;",
+            )
+            .unwrap();
+        m.mount();
+        let dir = m.path("dir");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("doomed"), b"").unwrap();
+        fs::write(dir.join("other"), b"").unwrap();
+        fs::remove_file(dir.join("doomed")).expect("acknowledged before it ran");
+        assert!(
+            errno(fsync_dir(&m.mnt)).is_some(),
+            "the barrier met the loss"
+        );
+        assert!(
+            errno(fs::remove_file(dir.join("other"))).is_some(),
+            "sticky: later changes are refused"
+        );
+        eventually("the name whose removal was lost stays hidden", || {
+            dir.join("doomed").exists()
+        });
+        let (out, server) = m.unmount_reporting();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "umount after a lost unlink exited 0");
+        assert!(said.contains("acknowledged operation"), "{said}");
+        assert!(!server.success());
+    }
 }
 
 /// What the test believes the tree holds: path -> file contents (None: a directory).

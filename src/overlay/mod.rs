@@ -64,7 +64,7 @@ enum Presence {
 pub struct Overlay {
     store: Arc<Store>,
     base: BaseLayer,
-    nodes: Nodes,
+    nodes: Arc<Nodes>,
     /// fs_origin: delta inode -> base st_ino. Directories in it merge with the base.
     origins: RwLock<HashMap<Ino, u64>>,
     /// Paths of merged directories (they never move).
@@ -78,12 +78,35 @@ pub struct Overlay {
 /// when the virtual node that names it is.
 struct Live<'a> {
     refs: &'a LookupRefs,
-    nodes: &'a Nodes,
+    nodes: &'a Arc<Nodes>,
 }
 
 impl Liveness for Live<'_> {
     fn retain_orphan(&self, ino: Ino) -> bool {
         self.refs.retain_orphan(self.nodes.for_delta(ino))
+    }
+
+    fn shared(&self) -> Option<Arc<dyn Liveness + Send>> {
+        Some(Arc::new(Held {
+            refs: self.refs.clone(),
+            nodes: Arc::clone(self.nodes),
+        }))
+    }
+}
+
+/// [`Live`], owned: for an unlink whose statements run after its reply.
+struct Held {
+    refs: LookupRefs,
+    nodes: Arc<Nodes>,
+}
+
+impl Liveness for Held {
+    fn retain_orphan(&self, ino: Ino) -> bool {
+        let live = Live {
+            refs: &self.refs,
+            nodes: &self.nodes,
+        };
+        live.retain_orphan(ino)
     }
 }
 
@@ -119,7 +142,7 @@ impl Overlay {
             partial,
             store,
             base,
-            nodes: Nodes::default(),
+            nodes: Arc::default(),
             origins: RwLock::new(origins),
             paths: Mutex::new(HashMap::new()),
             change: Mutex::new(()),
@@ -778,15 +801,16 @@ impl Filesystem for Overlay {
         };
         match self.presence(p, name)? {
             (Presence::Delta(_), path) => {
-                let fx = Effects {
-                    whiteout: if self.base_has(path.as_deref())? {
-                        path.as_deref()
-                    } else {
-                        None
-                    },
-                    ..Effects::NONE
+                let kept = if self.base_has(path.as_deref())? {
+                    let fx = Effects {
+                        whiteout: path.as_deref(),
+                        ..Effects::NONE
+                    };
+                    self.store.remove_fx(p, name, false, &live, &fx)?
+                } else {
+                    // Nothing to hide in the base: a plain unlink, which the caches may answer.
+                    self.store.unlink(p, name, &live)?
                 };
-                let kept = self.store.remove_fx(p, name, false, &live, &fx)?;
                 Ok(kept.map(|x| self.nodes.for_delta(x)))
             }
             (Presence::Base(st), Some(path)) => {
