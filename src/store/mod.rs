@@ -1237,9 +1237,7 @@ impl Store {
     /// it keeps other names), None when the unlink must run now.
     fn unlink_later(&self, parent: Ino, name: &[u8], live: &dyn Liveness) -> Option<Option<Ino>> {
         let cap = crate::knobs::get().batch_unlink_queue;
-        let (Some(w), Some(live)) = (&self.writer, live.shared()) else {
-            return None;
-        };
+        let w = self.writer.as_ref()?;
         if cap == 0 || self.failure.check().is_err() {
             return None;
         }
@@ -1255,6 +1253,7 @@ impl Store {
         if pending {
             return None;
         }
+        let live = live.shared()?;
         let now = inode::now();
         let batch = self.batch.clone();
         let owned = name.to_vec();

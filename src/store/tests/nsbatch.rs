@@ -241,18 +241,12 @@ fn a_later_unlink_leaves_a_name_another_process_gave_to_another_file() {
          UPDATE fs_dentry SET ino = last_insert_rowid() WHERE parent_ino = 1 AND name = 'f';",
     )
     .unwrap();
-    let other: i64 = c
-        .query_row(
-            "SELECT ino FROM fs_dentry WHERE parent_ino = 1 AND name = 'f'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let named = "SELECT ino FROM fs_dentry WHERE parent_ino = 1 AND name = 'f'";
+    let other = db.q(named);
     assert_ne!(other, f.0 as i64);
     c.execute("UPDATE fs_inode SET nlink = 0 WHERE ino = ?1", [f.0 as i64])
         .unwrap();
     db.unlink(Ino::ROOT, b"f", &refs).unwrap();
     db.sync().unwrap();
-    let name: i64 = db.q("SELECT ino FROM fs_dentry WHERE parent_ino = 1 AND name = 'f'");
-    assert_eq!(name, other, "the other file keeps the name");
+    assert_eq!(db.q(named), other, "the other file keeps the name");
 }
