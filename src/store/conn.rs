@@ -804,12 +804,7 @@ impl WriterCell {
 
     /// Run `f` as one atomic operation (see [`Writer::transact`]), after the deferred ones.
     pub fn transact<T>(&self, f: impl FnOnce(&Connection) -> Result<T, Errno>) -> Result<T, Errno> {
-        let (out, opened) = {
-            let mut w = self.writer.lock();
-            let settled = self.settle(&mut w);
-            let (out, opened) = w.transact(f);
-            (out, opened || settled)
-        };
+        let (out, opened) = self.lock().transact(f);
         if opened {
             self.wake.notify_one();
         }
@@ -839,9 +834,9 @@ impl WriterCell {
 
     /// Run every deferred operation, oldest first, each as one atomic operation (see
     /// [`Writer::transact`]). One that fails was acknowledged already: it is counted as lost
-    /// work (the sticky failure) and the caches are told, as for a lost batch. Returns whether
-    /// a batch transaction was opened (the flusher must be woken).
-    fn settle(&self, w: &mut Writer) -> bool {
+    /// work (the sticky failure) and the caches are told, as for a lost batch. A batch
+    /// transaction they open wakes the flusher, which commits it when its window ends.
+    fn settle(&self, w: &mut Writer) {
         let mut opened = false;
         while self.queued.load(Ordering::Acquire) > 0 {
             let Some(op) = self.deferred.lock().ops.pop_front() else {
@@ -855,7 +850,9 @@ impl WriterCell {
             // Only now: a reader that finds nothing queued reads around the writer.
             self.queued.fetch_sub(1, Ordering::AcqRel);
         }
-        opened
+        if opened {
+            self.wake.notify_one();
+        }
     }
 
     /// Run `f` as its own transaction after committing the open batch (a failed batch COMMIT is
@@ -883,10 +880,7 @@ impl WriterCell {
         if self.queued.load(Ordering::Acquire) == 0 && !self.open.load(Ordering::Acquire) {
             return Err(f);
         }
-        let mut w = self.writer.lock();
-        if self.settle(&mut w) {
-            self.wake.notify_one();
-        }
+        let mut w = self.lock();
         if w.batch.is_none() {
             return Err(f);
         }

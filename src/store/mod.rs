@@ -1258,10 +1258,10 @@ impl Store {
         let batch = self.batch.clone();
         let owned = name.to_vec();
         let op: conn::Deferred = Box::new(move |c| {
-            if inode::dentry(c, parent, &owned)?.is_none_or(|(_, i)| i != ino) {
+            let Some(found) = inode::dentry(c, parent, &owned)?.filter(|&(_, i)| i == ino) else {
                 return Ok(());
-            }
-            let removed = namespace::remove(c, parent, &owned, false, &*live, now)?;
+            };
+            let removed = namespace::remove_found(c, parent, found, false, &*live, now)?;
             if let (true, Some(b)) = (removed.deleted, &batch) {
                 b.discard(ino);
             }

@@ -267,7 +267,20 @@ pub fn remove(
     if !dir && (name == b"." || name == b"..") {
         return Err(Errno::EISDIR);
     }
-    let (id, ino) = found.ok_or(Errno::ENOENT)?;
+    let found = found.ok_or(Errno::ENOENT)?;
+    remove_found(c, parent, found, dir, live, now)
+}
+
+/// [`remove`] of the entry `found` (its dentry id and inode) of `parent`, a name already
+/// checked: not ".", not "..", not too long.
+pub fn remove_found(
+    c: &Connection,
+    parent: Ino,
+    (id, ino): (i64, Ino),
+    dir: bool,
+    live: &dyn Liveness,
+    now: Timespec,
+) -> Result<Removed, Errno> {
     let m = meta(c, ino)?;
     match (dir, m.is_dir()) {
         (false, true) => return Err(Errno::EISDIR),
