@@ -76,7 +76,7 @@ knob_table! {
     batch_namespace_gap_ms: U64 = 1, [0, 60000], Policy, "AGENTFS_BATCH_NAMESPACE_GAP_MS",
         "After a namespace batch commits, operations commit one by one for this long before the next batch opens, so other processes' writers (offline agentfs commands) get the write lock under continuous load, in milliseconds.";
     batch_unlink_queue: U64 = 256, [0, 65536], Policy, "AGENTFS_BATCH_UNLINK_QUEUE",
-        "Most unlinks acknowledged before their statements run (from the caches, when they know the name's inode has one link and no pending bytes); the flusher runs them on another CPU, in order, before anything else touches the database (0 = every unlink runs before its reply).";
+        "Most unlinks and rmdirs acknowledged before their statements run (from the caches, when they know the name's inode, its link count and that it has no pending bytes, or that the directory is empty); the flusher runs them on another CPU, in order, before anything else touches the database (0 = every unlink and rmdir runs before its reply).";
     durability_window_ms: U64 = 5000, [0, 3600000], Policy, "AGENTFS_DURABILITY_WINDOW_MS",
         "Committed work is made durable (an fdatasync of the -wal) at most this long after the first commit no barrier covered, like ext4's commit=5, in milliseconds (0 = only barriers make it durable).";
     space_reserve_mib: U64 = 4, [0, 65536], Policy, "AGENTFS_SPACE_RESERVE_MIB",

@@ -181,16 +181,16 @@ fn a_name_whose_removal_was_lost_is_not_hidden_by_the_kernel_cache() {
     assert!(!out.status.success());
 }
 
-/// An unlink the server's caches can answer is acknowledged before its statements run
-/// (`AGENTFS_BATCH_UNLINK_QUEUE`), on a plain mount and on an overlay one; when they fail
+/// An unlink or rmdir the server's caches can answer is acknowledged before its statements
+/// run (`AGENTFS_BATCH_UNLINK_QUEUE`), on a plain mount and on an overlay one; when they fail
 /// afterwards, the loss is as loud as a lost commit: sticky, the name back in the kernel's
 /// view, umount non-zero.
 #[test]
-fn an_unlink_that_fails_after_its_reply_is_lost_loudly() {
-    if !fuse_or_skip("an_unlink_that_fails_after_its_reply_is_lost_loudly") {
+fn a_removal_that_fails_after_its_reply_is_lost_loudly() {
+    if !fuse_or_skip("a_removal_that_fails_after_its_reply_is_lost_loudly") {
         return;
     }
-    for overlay in [false, true] {
+    for (overlay, rmdir) in [(false, false), (true, false), (false, true), (true, true)] {
         let mut m = Mounted::unmounted();
         if overlay {
             let base = m.dir.path().join("base");
@@ -212,24 +212,34 @@ fn an_unlink_that_fails_after_its_reply_is_lost_loudly() {
         m.mount();
         let dir = m.path("dir");
         fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join("doomed"), b"").unwrap();
+        let doomed = dir.join("doomed");
+        let what = format!("overlay {overlay}, rmdir {rmdir}");
         fs::write(dir.join("other"), b"").unwrap();
-        fs::remove_file(dir.join("doomed")).expect("acknowledged before it ran");
+        if rmdir {
+            fs::create_dir(&doomed).unwrap();
+            fs::remove_dir(&doomed).expect("acknowledged before it ran");
+        } else {
+            fs::write(&doomed, b"").unwrap();
+            fs::remove_file(&doomed).expect("acknowledged before it ran");
+        }
         assert!(
             errno(fsync_dir(&m.mnt)).is_some(),
-            "the barrier met the loss"
+            "{what}: the barrier met the loss"
         );
         assert!(
             errno(fs::remove_file(dir.join("other"))).is_some(),
-            "sticky: later changes are refused"
+            "{what}: sticky: later changes are refused"
         );
         eventually("the name whose removal was lost stays hidden", || {
-            dir.join("doomed").exists()
+            doomed.exists()
         });
         let (out, server) = m.unmount_reporting();
         let said = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "umount after a lost unlink exited 0");
-        assert!(said.contains("acknowledged operation"), "{said}");
+        assert!(
+            !out.status.success(),
+            "{what}: umount after a lost removal exited 0"
+        );
+        assert!(said.contains("acknowledged operation"), "{what}: {said}");
         assert!(!server.success());
     }
 }

@@ -122,21 +122,39 @@ impl<K: Hash + Eq, V: Clone> Lru<K, V> {
         }
     }
 
-    /// Bring `k`'s value up to date with a change that has committed: `f` edits it in place,
-    /// or returns false when it cannot and the value is dropped. Readers in flight are refused
-    /// as by [`Lru::remove`], so `f` must give the value as of the change whether or not the
-    /// cached one already saw it.
-    pub fn update<Q>(&self, k: &Q, f: impl FnOnce(&mut V) -> bool)
+    /// Bring `k`'s value up to date with a change that has committed: `f` edits it in place
+    /// and returns its weight now, or None when it cannot and the value is dropped. Readers in
+    /// flight are refused as by [`Lru::remove`], so `f` must give the value as of the change
+    /// whether or not the cached one already saw it. A value grown past what a shard may hold
+    /// is dropped; others make room as an insert does.
+    pub fn update<Q>(&self, k: &Q, f: impl FnOnce(&mut V) -> Option<usize>)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         self.epoch.fetch_add(1, Ordering::SeqCst);
         let mut s = self.shard(k).lock();
-        let keep = s.map.peek_mut(k).is_none_or(|(v, _)| f(v));
-        if !keep {
-            if let Some((_, w)) = s.map.pop(k) {
-                s.weight -= w;
+        let Some((v, w)) = s.map.peek_mut(k) else {
+            return;
+        };
+        let (was, now) = match f(v) {
+            Some(n) if n <= self.cap => {
+                let was = std::mem::replace(w, n);
+                (was, Some(n))
+            }
+            _ => (*w, None),
+        };
+        s.weight -= was;
+        match now {
+            Some(n) => s.weight += n,
+            None => {
+                s.map.pop(k);
+            }
+        }
+        while s.weight > self.cap {
+            match s.map.pop_lru() {
+                Some((_, (_, w))) => s.weight -= w,
+                None => break,
             }
         }
     }
@@ -226,6 +244,22 @@ mod tests {
         assert_eq!(m.get(&2), None);
         m.insert(m.ticket(), 10, 10, 5);
         assert_eq!(m.get(&10), None, "heavier than the cap: not cached");
+        m.update(&9, |v| {
+            *v = 19;
+            Some(3)
+        });
+        assert_eq!(
+            (m.get(&9), m.weight()),
+            (Some(19), 4),
+            "grown in place, the oldest out"
+        );
+        assert_eq!(m.get(&3), None);
+        m.update(&9, |_| Some(5));
+        assert_eq!(
+            (m.get(&9), m.weight()),
+            (None, 1),
+            "grown past the cap: dropped"
+        );
         assert!(Lru::<u64, u64>::new(0, 4).is_none());
     }
 }

@@ -56,10 +56,55 @@ impl CacheConfig {
 
 /// A directory's whole listing in cookie order ("." and ".." first), or the note that it has
 /// more entries than the cache may hold (so the store pages through the database instead).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Listing {
     Entries(Vec<DirEntry>),
     TooBig,
+}
+
+/// What a change of one name did to its directory's listing, for a cached listing to follow
+/// the change instead of being dropped.
+#[derive(Debug)]
+pub enum ListingEdit {
+    /// Not known (a rename, a failed operation): the listing goes.
+    Unknown,
+    /// The name was added as this entry, whose cookie is larger than every other entry's of
+    /// the directory (a new dentry's id is larger than every id in the table).
+    Added(DirEntry),
+    /// The name of this inode went.
+    Removed(Ino),
+}
+
+impl ListingEdit {
+    /// Apply the change of `name` to `l`, whether or not `l` already saw it; false when it
+    /// cannot be followed (the listing must go). `limit`: most entries a listing may hold.
+    fn apply(&self, name: &[u8], l: &mut Listing, limit: usize) -> bool {
+        let Listing::Entries(es) = l else {
+            // Only the note that the directory is too big to cache: it carries no entries.
+            return !matches!(self, ListingEdit::Unknown);
+        };
+        let at = es.iter().position(|x| x.name == name);
+        match (self, at) {
+            (ListingEdit::Unknown, _) => false,
+            (ListingEdit::Added(e), Some(i)) => es[i].ino == e.ino && es[i].offset == e.offset,
+            (ListingEdit::Added(e), None) => {
+                let last = es.last().map_or(0, |l| l.offset);
+                let fits = last < e.offset && es.len() < limit;
+                if fits {
+                    es.push(e.clone());
+                }
+                fits
+            }
+            (ListingEdit::Removed(ino), Some(i)) => {
+                let same = es[i].ino == *ino;
+                if same {
+                    es.remove(i);
+                }
+                same
+            }
+            (ListingEdit::Removed(_), None) => true,
+        }
+    }
 }
 
 /// What one entry costs beside its key and value: the LRU list's links and the hash table's
@@ -241,13 +286,29 @@ impl Caches {
     /// answered without the database. A lost batch may undo the create; its clears come
     /// before or after these inserts, and the loss is recorded before the second, so after
     /// them a recorded loss takes them back.
+    /// A new directory's listing ("." and "..") goes in too, so the unlinks and the RMDIR of
+    /// a tree unpacked and removed again are answered without reading it.
     pub fn put_created(&self, parent: Ino, name: &[u8], child: &Attr) {
         let t = self.ticket();
         self.put_lookup(&t, parent, name, Some(child.ino));
         self.put_attr(&t, *child);
+        if child.mode & libc::S_IFMT == libc::S_IFDIR {
+            let dot = |ino, name: &[u8], offset| DirEntry {
+                ino,
+                name: name.to_vec(),
+                kind: libc::S_IFDIR,
+                offset,
+            };
+            let dots = vec![
+                dot(child.ino, b".", crate::store::COOKIE_DOT),
+                dot(parent, b"..", crate::store::COOKIE_DOTDOT),
+            ];
+            self.put_listing(&t, child.ino, Arc::new(Listing::Entries(dots)));
+        }
         if self.journal.get().is_some_and(|j| j.errno().is_some()) {
-            self.name_changed(parent, name);
+            self.name_changed(parent, name, &ListingEdit::Unknown);
             self.inode_changed(child.ino);
+            self.dir_changed(child.ino);
         }
     }
 
@@ -272,46 +333,73 @@ impl Caches {
     /// The name `name` in `parent` appeared, vanished or now names another inode; the
     /// directory's listing and attributes (times, link count) changed with it.
     pub fn entry_changed(&self, parent: Ino, name: &[u8]) {
-        self.name_changed(parent, name);
+        self.name_changed(parent, name, &ListingEdit::Unknown);
         self.inode_changed(parent);
     }
 
-    /// [`Caches::entry_changed`] for a change that set `parent`'s mtime and ctime to `t` and
-    /// left the rest of its attributes alone (a name of a non-directory came or went): a
-    /// cached copy is brought up to date instead of dropped, so the GETATTR the kernel sends
-    /// for the directory next is answered from memory. Setting both times is the same whether
-    /// or not the copy already saw the change. A copy that may hold a later change is dropped:
-    /// a later mtime, or a ctime as late as `t` without both times being `t` (a change at
-    /// the same instant, a utimes that set an older mtime). After a lost batch nothing is
-    /// updated: the loss is recorded before the caches are cleared the second time (see
-    /// `Writer::lose_batch`), so either this sees it or that clear comes after.
-    pub fn entry_changed_at(&self, parent: Ino, name: &[u8], t: Timespec) {
-        self.name_changed(parent, name);
-        let Some(m) = &self.attr else {
-            return;
-        };
-        m.update(&parent, |a| {
-            if a.mtime == t && a.ctime == t {
-                return true;
-            }
-            let later = a.mtime > t || a.ctime >= t;
-            a.mtime = t;
-            a.ctime = t;
-            !later
-        });
+    /// [`Caches::entry_changed`] for a change that set `parent`'s mtime and ctime to `t`,
+    /// moved its link count by `links` (a subdirectory came or went) and left the rest of its
+    /// attributes alone, and did `edit` to its listing: cached copies are brought up to date
+    /// instead of dropped, so the GETATTR the kernel sends for the directory next, and its
+    /// next listing, are answered from memory. Setting both times is the same whether or not
+    /// the copy already saw the change; moving the link count is not, so a copy whose times
+    /// are already `t` is kept only when the count did not move. A copy that may hold a later
+    /// change is dropped: a later mtime, or a ctime as late as `t` without both times being
+    /// `t` (a change at the same instant, a utimes that set an older mtime). After a lost
+    /// batch nothing is updated: the loss is recorded before the caches are cleared the
+    /// second time (see `Writer::lose_batch`), so either this sees it or that clear comes
+    /// after.
+    pub fn entry_changed_at(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        t: Timespec,
+        links: i32,
+        edit: ListingEdit,
+    ) {
+        self.name_changed(parent, name, &edit);
+        if let Some(m) = &self.attr {
+            m.update(&parent, |a| {
+                if a.mtime == t && a.ctime == t {
+                    return (links == 0).then(attr_weight);
+                }
+                let later = a.mtime > t || a.ctime >= t;
+                a.mtime = t;
+                a.ctime = t;
+                a.nlink = a.nlink.checked_add_signed(links)?;
+                (!later).then(attr_weight)
+            });
+        }
         if self.journal.get().is_some_and(|j| j.errno().is_some()) {
-            m.remove(&parent);
+            self.inode_changed(parent);
+            self.dir_changed(parent);
         }
     }
 
-    fn name_changed(&self, parent: Ino, name: &[u8]) {
+    /// `name` in `parent` changed as `edit` says: the name's lookup goes, the listing follows
+    /// the edit or goes.
+    fn name_changed(&self, parent: Ino, name: &[u8], edit: &ListingEdit) {
         if let Some(j) = self.journal.get() {
             j.touched(parent, name);
         }
         if let Some(m) = &self.lookup {
             m.remove(name_key(parent, name).as_slice());
         }
-        self.dir_changed(parent);
+        let (Some(m), Some(limit)) = (&self.dirs, self.listing_limit()) else {
+            return;
+        };
+        m.update(&parent, |l| {
+            let l = Arc::make_mut(l);
+            edit.apply(name, l, limit).then(|| listing_weight(l))
+        });
+    }
+
+    /// Whether `dir`'s cached listing has no entry but "." and "..".
+    pub fn empty_dir(&self, dir: Ino) -> bool {
+        self.listing(dir).is_some_and(|l| match &*l {
+            Listing::Entries(es) => es.iter().all(|e| e.name == b"." || e.name == b".."),
+            Listing::TooBig => false,
+        })
     }
 
     /// `dir`'s listing changed without a name inside it changing (its ".." moved), or the

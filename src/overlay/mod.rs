@@ -847,13 +847,17 @@ impl Filesystem for Overlay {
                 if let (true, Some(path)) = (self.merged(a.ino), path.as_deref()) {
                     self.base_children_hidden(Some(a.ino), path)?;
                 }
-                let has = self.base_has(path.as_deref())?;
-                let fx = Effects {
-                    whiteout: if has { path.as_deref() } else { None },
-                    clear_children: path.as_deref(),
-                    ..Effects::NONE
-                };
-                self.store.remove_fx(p, name, true, &live, &fx)?;
+                if self.base_has(path.as_deref())? {
+                    let fx = Effects {
+                        whiteout: path.as_deref(),
+                        clear_children: path.as_deref(),
+                        ..Effects::NONE
+                    };
+                    self.store.remove_fx(p, name, true, &live, &fx)?;
+                } else {
+                    // Nothing to hide in the base: a plain rmdir, which the caches may answer.
+                    self.store.rmdir_clearing(p, name, path.as_deref(), &live)?;
+                }
                 self.paths.lock().remove(&a.ino);
                 Ok(())
             }

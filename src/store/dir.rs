@@ -14,8 +14,13 @@ use super::inode::{
 use super::{Attr, DirEntry, FsConfig, Ino};
 use crate::errno::Errno;
 
-const COOKIE_DOT: u64 = 1;
-const COOKIE_DOTDOT: u64 = 2;
+pub const COOKIE_DOT: u64 = 1;
+pub const COOKIE_DOTDOT: u64 = 2;
+
+/// The cookie that resumes a listing after the entry whose fs_dentry.id is `id`.
+pub fn cookie(id: i64) -> u64 {
+    id as u64 + COOKIE_DOTDOT
+}
 
 /// The start of a page: "." and ".." as far as the cookie and the page size leave room for
 /// them, and what the query for the real entries needs.
@@ -82,7 +87,7 @@ pub fn list(
     })?;
     for row in rows {
         let (id, name, m) = row?;
-        let e = entry(&m, &name, id as u64 + COOKIE_DOTDOT);
+        let e = entry(&m, &name, cookie(id));
         out.push((e, m));
     }
     Ok(out)
@@ -102,7 +107,7 @@ pub fn names(c: &Connection, ino: Ino, offset: u64, max: usize) -> Result<Vec<Di
     )?;
     let rows = st.query_map((sql_ino(ino)?, after, want), |r| {
         Ok(DirEntry {
-            offset: r.get::<_, i64>(0)? as u64 + COOKIE_DOTDOT,
+            offset: cookie(r.get(0)?),
             name: bytes_of(r.get_ref(1)?),
             ino: Ino(r.get::<_, i64>(2)? as u64),
             kind: r.get::<_, i64>(3)? as u32 & S_IFMT,

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::cache::{self, CacheConfig, Caches, Listing};
+use crate::cache::{self, CacheConfig, Caches, Listing, ListingEdit};
 use crate::errno::Errno;
 
 pub mod backup;
@@ -50,6 +50,7 @@ mod xattr;
 
 pub use check::{Finding, QuickCheck};
 pub use conn::{data_version, NamespaceBatch};
+pub use dir::{COOKIE_DOT, COOKIE_DOTDOT};
 pub use failure::Failure;
 pub use namespace::NewKind;
 pub use overlay::Effects;
@@ -1079,24 +1080,35 @@ impl Store {
             _ => 0,
         };
         self.admit(space::Need::op(name.len() + payload))?;
-        // A new subdirectory changes the parent's link count; a file, node or symlink only
-        // its times (an unnamed file not even those).
-        let times_only = matches!(kind, NewKind::Node { .. } | NewKind::Symlink { .. });
+        // A new subdirectory moves the parent's link count; a file, node or symlink only its
+        // times (an unnamed file not even those).
+        let links = match kind {
+            NewKind::Node { .. } | NewKind::Symlink { .. } => Some(0),
+            NewKind::Dir { .. } => Some(1),
+            NewKind::Tmpfile { .. } => None,
+        };
         let clears = self.caches.clears();
         let out = self.write_tx(|c| {
             let now = inode::now();
-            let a = namespace::create(c, &self.config, parent, name, kind, caller, now)?;
+            let made = namespace::create(c, &self.config, parent, name, kind, caller, now)?;
             overlay::apply_effects(c, fx, now)?;
-            Ok((a, now))
+            Ok((made, now))
         });
-        let times = out
-            .as_ref()
-            .ok()
-            .filter(|_| times_only)
-            .map(|(_, now)| *now);
-        self.names_changed(&[(parent, name)], times);
-        let (a, _) = out?;
-        if times.is_some() {
+        let ((a, id), now, links) = match (out, links) {
+            (Ok(((a, Some(id)), now)), Some(links)) => ((a, id), now, links),
+            (out, _) => {
+                self.names_changed(&[(parent, name)], None);
+                return out.map(|((a, _), _)| a);
+            }
+        };
+        let edit = ListingEdit::Added(DirEntry {
+            ino: a.ino,
+            name: name.to_vec(),
+            kind: a.mode & libc::S_IFMT,
+            offset: dir::cookie(id),
+        });
+        self.caches.entry_changed_at(parent, name, now, links, edit);
+        if links == 0 {
             self.caches.put_bare(a.ino, clears);
         }
         if !name.is_empty() {
@@ -1111,7 +1123,9 @@ impl Store {
     fn names_changed(&self, names: &[(Ino, &[u8])], times: Option<Timespec>) {
         for &(parent, name) in names {
             match times {
-                Some(t) => self.caches.entry_changed_at(parent, name, t),
+                Some(t) => self
+                    .caches
+                    .entry_changed_at(parent, name, t, 0, ListingEdit::Unknown),
                 None => self.caches.entry_changed(parent, name),
             }
         }
@@ -1123,6 +1137,7 @@ impl Store {
         let kind = namespace::NewKind::Tmpfile { perm };
         self.write_tx(|c| {
             namespace::create(c, &self.config, parent, b"", kind, caller, inode::now())
+                .map(|(a, _)| a)
         })
     }
 
@@ -1220,22 +1235,35 @@ impl Store {
         name: &[u8],
         live: &dyn Liveness,
     ) -> Result<Option<Ino>, Errno> {
-        if let Some(kept) = self.unlink_later(parent, name, live) {
+        if let Some(kept) = self.remove_later(parent, name, None, live) {
             return Ok(kept);
         }
         self.remove_fx(parent, name, false, live, &Effects::NONE)
     }
 
-    /// Acknowledge an unlink before it runs, when the caches know everything its answer
-    /// depends on: the name leads to a non-directory, its link count and that it has no
-    /// pending bytes. The caches take the change at once; the statements run later as one
+    /// Acknowledge an unlink or rmdir before it runs, when the caches know everything its
+    /// answer depends on: the name's inode, its type, for a non-directory its link count and
+    /// that it has no pending bytes, for a directory that its listing holds nothing but "."
+    /// and "..". The caches take the change at once; the statements run later as one
     /// operation of the namespace batch, in order, on the flusher (the other CPU) or before
-    /// whatever touches the database next ([`conn::WriterCell::defer`]). Whether the rows of
-    /// a last name go or stay as an orphan is decided when they run, by the references the
-    /// kernel holds then. Another process may have changed the name meanwhile: then it no
-    /// longer leads to that inode and nothing is removed. Returns the answer (the inode when
-    /// it keeps other names), None when the unlink must run now.
-    fn unlink_later(&self, parent: Ino, name: &[u8], live: &dyn Liveness) -> Option<Option<Ino>> {
+    /// whatever touches the database next ([`conn::WriterCell::defer`]), so the unlinks of a
+    /// directory's files queued before its rmdir run first. Whether the rows of a last name
+    /// go or stay as an orphan is decided when they run, by the references the kernel holds
+    /// then. Another process may have changed the name meanwhile, or put an entry into the
+    /// directory: then the name no longer leads to that inode, or the directory is not empty,
+    /// and nothing is removed. Returns the answer (the inode when it keeps other names), None
+    /// when the operation must run now.
+    /// `rmdir`: None for an unlink, Some for an rmdir with the path whose children's
+    /// whiteouts go too ([`Store::rmdir_clearing`]).
+    fn remove_later(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        rmdir: Option<Option<&[u8]>>,
+        live: &dyn Liveness,
+    ) -> Option<Option<Ino>> {
+        let dir = rmdir.is_some();
+        let clear = rmdir.flatten().map(<[u8]>::to_vec);
         let cap = crate::knobs::get().batch_unlink_queue;
         let w = self.writer.as_ref()?;
         if cap == 0 || self.failure.check().is_err() {
@@ -1243,14 +1271,15 @@ impl Store {
         }
         let ino = self.caches.lookup(parent, name)??;
         let a = self.caches.attr(ino)?;
-        if a.nlink < 1 || a.mode & libc::S_IFMT == libc::S_IFDIR {
-            return None;
-        }
+        let known = match dir {
+            false => a.nlink >= 1 && a.mode & libc::S_IFMT != libc::S_IFDIR,
+            true => a.mode & libc::S_IFMT == libc::S_IFDIR && self.caches.empty_dir(ino),
+        };
         let pending = self
             .batch
             .as_ref()
             .is_some_and(|b| b.view(|v| v.attr(ino).is_some()).1);
-        if pending {
+        if !known || pending {
             return None;
         }
         let live = live.shared()?;
@@ -1261,7 +1290,15 @@ impl Store {
             let Some(found) = inode::dentry(c, parent, &owned)?.filter(|&(_, i)| i == ino) else {
                 return Ok(());
             };
-            let removed = namespace::remove_found(c, parent, found, false, &*live, now)?;
+            let removed = match namespace::remove_found(c, parent, found, dir, &*live, now) {
+                Err(Errno::ENOTEMPTY) => return Ok(()),
+                removed => removed?,
+            };
+            let fx = Effects {
+                clear_children: clear.as_deref(),
+                ..Effects::NONE
+            };
+            overlay::apply_effects(c, &fx, now)?;
             if let (true, Some(b)) = (removed.deleted, &batch) {
                 b.discard(ino);
             }
@@ -1272,9 +1309,18 @@ impl Store {
         {
             return None;
         }
-        self.names_changed(&[(parent, name)], Some(now));
+        self.name_removed(parent, name, ino, dir, now);
+        Some((!dir && a.nlink > 1).then_some(ino))
+    }
+
+    /// Tell the caches that `name` of `parent`, which led to `ino`, went at `now`: the
+    /// directory's times and listing follow, and its link count for a subdirectory; what the
+    /// caches held of `ino` goes.
+    fn name_removed(&self, parent: Ino, name: &[u8], ino: Ino, dir: bool, now: Timespec) {
+        let links = if dir { -1 } else { 0 };
+        let edit = ListingEdit::Removed(ino);
+        self.caches.entry_changed_at(parent, name, now, links, edit);
         self.forget_inodes([ino]);
-        Some((a.nlink > 1).then_some(ino))
     }
 
     /// Invalidate the cached attributes, marks and listings of inodes a mutation changed or
@@ -1288,8 +1334,26 @@ impl Store {
 
     /// Remove an empty directory: ENOTEMPTY, ENOTDIR, EINVAL for ".".
     pub fn rmdir(&self, parent: Ino, name: &[u8], live: &dyn Liveness) -> Result<(), Errno> {
-        self.remove_fx(parent, name, true, live, &Effects::NONE)
-            .map(|_| ())
+        self.rmdir_clearing(parent, name, None, live)
+    }
+
+    /// [`Store::rmdir`] of an overlay directory the base does not have: the whiteouts stored
+    /// for names below its path `clear` (if any) go with it.
+    pub fn rmdir_clearing(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        clear: Option<&[u8]>,
+        live: &dyn Liveness,
+    ) -> Result<(), Errno> {
+        if self.remove_later(parent, name, Some(clear), live).is_some() {
+            return Ok(());
+        }
+        let fx = Effects {
+            clear_children: clear,
+            ..Effects::NONE
+        };
+        self.remove_fx(parent, name, true, live, &fx).map(|_| ())
     }
 
     /// unlink (`dir` false) or rmdir, with whiteout changes in the same transaction. Returns
@@ -1316,12 +1380,16 @@ impl Store {
                 Ok((removed, now))
             },
         );
-        // A removed subdirectory changes the parent's link count; any other name only its
-        // times.
-        let times = out.as_ref().ok().filter(|_| !dir).map(|(_, now)| *now);
-        self.names_changed(&[(parent, name)], times);
-        let removed = out?.0;
-        self.forget_inodes([removed.ino]);
+        let removed = match out {
+            Ok((removed, now)) => {
+                self.name_removed(parent, name, removed.ino, dir, now);
+                removed
+            }
+            Err(e) => {
+                self.names_changed(&[(parent, name)], None);
+                return Err(e);
+            }
+        };
         self.discard_dead(removed.deleted.then_some(removed.ino));
         Ok(removed.keeps_names.then_some(removed.ino))
     }

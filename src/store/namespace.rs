@@ -46,11 +46,12 @@ pub(super) fn insert_dentry(
     parent: Ino,
     name: &[u8],
     ino: Ino,
-) -> Result<(), Errno> {
-    let mut st =
-        c.prepare_cached("INSERT INTO fs_dentry (name, parent_ino, ino) VALUES (?1, ?2, ?3)")?;
-    match st.execute((Name(name), sql_ino(parent)?, sql_ino(ino)?)) {
-        Ok(_) => Ok(()),
+) -> Result<i64, Errno> {
+    let mut st = c.prepare_cached(
+        "INSERT INTO fs_dentry (name, parent_ino, ino) VALUES (?1, ?2, ?3) RETURNING id",
+    )?;
+    match st.query_row((Name(name), sql_ino(parent)?, sql_ino(ino)?), |r| r.get(0)) {
+        Ok(id) => Ok(id),
         // UNIQUE(parent_ino, name): the one constraint that is an answer, a duplicate name.
         Err(rusqlite::Error::SqliteFailure(f, _))
             if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE =>
@@ -61,7 +62,8 @@ pub(super) fn insert_dentry(
     }
 }
 
-/// Create a new inode named `name` in `parent` (mknod, mkdir, symlink, create).
+/// Create a new inode named `name` in `parent` (mknod, mkdir, symlink, create). Returns its
+/// attributes and the id of its entry (None for an unnamed file).
 pub fn create(
     c: &Connection,
     cfg: &FsConfig,
@@ -70,7 +72,7 @@ pub fn create(
     kind: NewKind<'_>,
     caller: Caller,
     now: Timespec,
-) -> Result<Attr, Errno> {
+) -> Result<(Attr, Option<i64>), Errno> {
     let named = !matches!(kind, NewKind::Tmpfile { .. });
     if named {
         check_new_name(name)?;
@@ -148,15 +150,16 @@ pub fn create(
         rdev,
         storage_kind: i64::from(inline),
     };
+    let mut id = None;
     if named {
-        insert_dentry(c, parent, name, ino)?;
+        id = Some(insert_dentry(c, parent, name, ino)?);
         if let Some(t) = target {
             c.prepare_cached("INSERT INTO fs_symlink (ino, target) VALUES (?1, ?2)")?
                 .execute((sql_ino(ino)?, Name(t)))?;
         }
         touch_mc(c, parent, now)?;
     }
-    attr(c, cfg, &made)
+    Ok((attr(c, cfg, &made)?, id))
 }
 
 /// A new name for an existing non-directory inode.

@@ -579,7 +579,7 @@ fn replace_in(
         let parent = w.dirs.get(parent_path(&path)).copied();
         let placed = match parent {
             Some(p) => match namespace::insert_dentry(c, p, name, ino) {
-                Ok(()) => true,
+                Ok(_) => true,
                 Err(Errno::EEXIST) => false,
                 Err(e) => return Err(errno(&String::from_utf8_lossy(&path))(e)),
             },

@@ -218,23 +218,21 @@ fn a_directorys_cached_attributes_follow_the_names_changed_in_it() {
     db.unlink(e, b"h", &NoReferences).unwrap();
     same("unlink", true);
     db.dir(d, "sub");
-    same("mkdir", false);
+    same("mkdir", true);
     db.rename(d, b"sub", e, b"sub", NONE, &NoReferences)
         .unwrap();
     same("a directory renamed", false);
     db.rmdir(e, b"sub", &NoReferences).unwrap();
-    same("rmdir", false);
+    same("rmdir", true);
     // A copy that may hold a later change is dropped: a later time (changes reporting out of
     // order), or the same ctime with another mtime (a utimes at the same instant).
     let now = db.getattr(d).unwrap().mtime;
-    db.caches.entry_changed_at(
-        d,
-        b"x",
-        Timespec {
-            sec: now.sec - 1,
-            nsec: 0,
-        },
-    );
+    let before = Timespec {
+        sec: now.sec - 1,
+        nsec: 0,
+    };
+    db.caches
+        .entry_changed_at(d, b"x", before, 0, ListingEdit::Unknown);
     assert_eq!(db.caches.attr(d), None);
     if !crate::knobs::get().cache {
         return;
@@ -243,16 +241,20 @@ fn a_directorys_cached_attributes_follow_the_names_changed_in_it() {
         sec: now.sec + 10,
         nsec: 0,
     };
-    let held = |mtime, ctime| {
+    let moved = |mtime, ctime, links| {
         let a = Attr {
             mtime,
             ctime,
             ..db.getattr(d).unwrap()
         };
         db.caches.put_attr(&db.caches.ticket(), a);
-        db.caches.entry_changed_at(d, b"x", t);
-        db.caches.attr(d).map(|a| (a.mtime, a.ctime))
+        db.caches
+            .entry_changed_at(d, b"x", t, links, ListingEdit::Unknown);
+        db.caches
+            .attr(d)
+            .map(|b| (b.mtime, b.ctime, b.nlink - a.nlink))
     };
+    let held = |mtime, ctime| moved(mtime, ctime, 0).map(|(m, c, _)| (m, c));
     assert_eq!(
         held(now, now),
         Some((t, t)),
@@ -264,9 +266,72 @@ fn a_directorys_cached_attributes_follow_the_names_changed_in_it() {
         "a copy that saw the change is kept"
     );
     assert_eq!(held(now, t), None, "the same ctime with another mtime");
+    assert_eq!(
+        moved(now, now, 1),
+        Some((t, t, 1)),
+        "an older copy takes a new subdirectory's link"
+    );
+    assert_eq!(
+        moved(t, t, 1),
+        None,
+        "a copy that may have counted the link already"
+    );
     // After a lost batch the caches are cleared and nothing is updated in place.
     db.failure().lost_ops(Errno::EIO, 1);
     assert_eq!(held(now, now), None, "after a loss");
+}
+
+/// A directory's cached listing follows the names created and removed in it (a create's entry
+/// has the largest cookie), and goes when it cannot follow (a link or rename brings an entry
+/// with an older cookie): whatever it holds is what the database lists.
+#[test]
+fn a_directorys_cached_listing_follows_the_names_created_and_removed_in_it() {
+    let db = fresh();
+    let d = db.dir(Ino::ROOT, "d");
+    let e = db.dir(Ino::ROOT, "e");
+    let same = |what: &str, kept: bool| {
+        for p in [d, e] {
+            let stored = dir::names(&db.raw(), p, 0, 1000).unwrap();
+            match db.caches.listing(p).as_deref() {
+                Some(Listing::Entries(held)) => assert_eq!(held, &stored, "{what}"),
+                Some(Listing::TooBig) => panic!("{what}: too big"),
+                None => assert!(
+                    !kept || !crate::knobs::get().cache,
+                    "{what}: the listing was dropped"
+                ),
+            }
+            // Listed again, so the next step starts from a cached listing.
+            assert_eq!(db.readdir(p, 0, 1000).unwrap(), stored, "{what}");
+        }
+    };
+    same("a new directory's listing is known", true);
+    let f = db.file(d, "f");
+    same("create", true);
+    db.symlink(d, b"s", b"target", ME).unwrap();
+    db.dir(d, "sub");
+    same("symlink and mkdir", true);
+    db.link(f, e, b"g").unwrap();
+    same("link", false);
+    db.unlink(d, b"f", &NoReferences).unwrap();
+    same("unlink", true);
+    db.rename(d, b"s", e, b"s", NONE, &NoReferences).unwrap();
+    same("rename", false);
+    db.rmdir(d, b"sub", &NoReferences).unwrap();
+    same("rmdir", true);
+    assert_eq!(
+        db.rmdir(Ino::ROOT, b"e", &NoReferences),
+        Err(Errno::ENOTEMPTY)
+    );
+    same("a failed rmdir", false);
+    db.unlink(e, b"g", &NoReferences).unwrap();
+    db.unlink(e, b"s", &NoReferences).unwrap();
+    same("emptied", true);
+    assert!(!crate::knobs::get().cache || db.caches.empty_dir(e));
+    db.rmdir(Ino::ROOT, b"e", &NoReferences).unwrap();
+    assert!(
+        db.caches.listing(e).is_none(),
+        "a removed directory's listing goes"
+    );
 }
 
 #[test]

@@ -250,3 +250,93 @@ fn a_later_unlink_leaves_a_name_another_process_gave_to_another_file() {
     db.sync().unwrap();
     assert_eq!(db.q(named), other, "the other file keeps the name");
 }
+
+#[test]
+fn an_rmdir_the_caches_can_answer_is_acknowledged_before_its_statements_run() {
+    let db = batched();
+    let d = db.dir(Ino::ROOT, "d");
+    db.sync().unwrap();
+    db.raw()
+        .execute_batch(
+            "CREATE TRIGGER boom BEFORE DELETE ON fs_dentry BEGIN SELECT RAISE(ABORT, 'boom'); END;",
+        )
+        .unwrap();
+    let refs = kernel_refs();
+    assert_eq!(db.rmdir(Ino::ROOT, b"d", &refs), Ok(()), "acknowledged");
+    let e = db.sync().unwrap_err();
+    assert_eq!(db.sync(), Err(e));
+    assert_eq!(
+        db.lookup(Ino::ROOT, b"d").unwrap().ino,
+        d,
+        "the name is back"
+    );
+    let what = db.failure().summary().unwrap();
+    assert!(what.contains("1 acknowledged operation"), "{what}");
+}
+
+/// `rm -rf` of a fresh tree: every unlink and rmdir is answered from the caches (a new
+/// directory's listing is known, and follows the names created and removed in it), and the
+/// statements run in order, each directory's entries before the directory.
+#[test]
+fn a_later_rmdir_runs_after_the_unlinks_queued_before_it() {
+    let db = batched();
+    let refs = kernel_refs();
+    let d = db.dir(Ino::ROOT, "d");
+    let s = db.dir(d, "s");
+    for name in ["a", "b"] {
+        db.file(d, name);
+        db.file(s, name);
+    }
+    db.unlink(d, b"a", &refs).unwrap();
+    assert_eq!(
+        db.rmdir(Ino::ROOT, b"d", &refs),
+        Err(Errno::ENOTEMPTY),
+        "the listing still has b and s"
+    );
+    assert_eq!(db.rmdir(d, b"s", &refs), Err(Errno::ENOTEMPTY));
+    for (p, name) in [(s, "a"), (s, "b"), (d, "b")] {
+        db.unlink(p, name.as_bytes(), &refs).unwrap();
+    }
+    db.rmdir(d, b"s", &refs).unwrap();
+    db.rmdir(Ino::ROOT, b"d", &refs).unwrap();
+    assert_eq!(db.lookup(Ino::ROOT, b"d").unwrap_err(), Errno::ENOENT);
+    let root = db.readdir(Ino::ROOT, 0, 100).unwrap();
+    assert!(root.iter().all(|e| e.name != b"d"), "gone from the listing");
+    assert_eq!(
+        db.getattr(Ino::ROOT).unwrap().nlink,
+        2,
+        "the root lost a subdirectory"
+    );
+    db.sync().unwrap();
+    assert!(!committed(&db, "d"));
+    assert_eq!(db.q("SELECT count(*) FROM fs_dentry"), 0);
+    assert_eq!(db.q("SELECT count(*) FROM fs_inode"), 1, "only the root");
+    db.assert_clean();
+}
+
+#[test]
+fn a_later_rmdir_leaves_a_directory_another_process_put_an_entry_into() {
+    let db = batched();
+    let refs = kernel_refs();
+    let d = db.dir(Ino::ROOT, "d");
+    db.sync().unwrap();
+    // Another process puts a file into `d`; this server's caches still say it is empty.
+    db.raw()
+        .execute_batch(&format!(
+            "INSERT INTO fs_inode (mode, nlink, atime, mtime, ctime) VALUES (33188, 1, 0, 0, 0);
+             INSERT INTO fs_dentry (name, parent_ino, ino) VALUES ('theirs', {}, last_insert_rowid());",
+            d.0
+        ))
+        .unwrap();
+    db.rmdir(Ino::ROOT, b"d", &refs).unwrap();
+    db.sync().unwrap();
+    assert!(committed(&db, "d"), "the directory stays, with their file");
+    assert_eq!(
+        db.q(&format!(
+            "SELECT count(*) FROM fs_dentry WHERE parent_ino = {}",
+            d.0
+        )),
+        1
+    );
+    assert!(db.failure().check().is_ok(), "not a failure of this server");
+}
