@@ -139,6 +139,16 @@ pub struct DirEntry {
     pub offset: u64,
 }
 
+/// The listing change of a new entry `name` of inode `a` whose fs_dentry.id is `id`.
+fn added(a: &Attr, name: &[u8], id: i64) -> ListingEdit {
+    ListingEdit::Added(DirEntry {
+        ino: a.ino,
+        name: name.to_vec(),
+        kind: a.mode & libc::S_IFMT,
+        offset: dir::cookie(id),
+    })
+}
+
 /// Filesystem-wide numbers for statfs(2), computed without scanning tables.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatFs {
@@ -1101,13 +1111,8 @@ impl Store {
                 return out.map(|((a, _), _)| a);
             }
         };
-        let edit = ListingEdit::Added(DirEntry {
-            ino: a.ino,
-            name: name.to_vec(),
-            kind: a.mode & libc::S_IFMT,
-            offset: dir::cookie(id),
-        });
-        self.caches.entry_changed_at(parent, name, now, links, edit);
+        self.caches
+            .entry_changed_at(parent, name, now, links, added(&a, name, id));
         if links == 0 {
             self.caches.put_bare(a.ino, clears);
         }
@@ -1195,10 +1200,19 @@ impl Store {
                 Ok((a, now))
             },
         );
-        let times = out.as_ref().ok().map(|(_, now)| *now);
-        self.names_changed(&[(newparent, newname)], times);
+        let ((a, id), now) = match out {
+            Ok(out) => out,
+            Err(e) => {
+                self.names_changed(&[(newparent, newname)], None);
+                self.caches.inode_changed(ino);
+                return Err(e);
+            }
+        };
+        let edit = added(&a, newname, id);
+        self.caches
+            .entry_changed_at(newparent, newname, now, 0, edit);
         self.caches.inode_changed(ino);
-        self.answer(ino, v0, out?.0)
+        self.answer(ino, v0, a)
     }
 
     /// The inodes `names` (parent, name) resolve to now, for an operation on those names to

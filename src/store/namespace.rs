@@ -162,7 +162,8 @@ pub fn create(
     Ok((attr(c, cfg, &made)?, id))
 }
 
-/// A new name for an existing non-directory inode.
+/// A new name for an existing non-directory inode. Returns its attributes and the id of the
+/// new entry.
 pub fn link(
     c: &Connection,
     cfg: &FsConfig,
@@ -170,7 +171,7 @@ pub fn link(
     newparent: Ino,
     newname: &[u8],
     now: Timespec,
-) -> Result<Attr, Errno> {
+) -> Result<(Attr, i64), Errno> {
     let m = meta(c, ino)?;
     if m.is_dir() {
         return Err(Errno::EPERM);
@@ -185,12 +186,12 @@ pub fn link(
     if dentry(c, newparent, newname)?.is_some() {
         return Err(Errno::EEXIST);
     }
-    insert_dentry(c, newparent, newname, ino)?;
+    let id = insert_dentry(c, newparent, newname, ino)?;
     c.prepare_cached("UPDATE fs_inode SET nlink = nlink + 1 WHERE ino = ?1")?
         .execute([sql_ino(ino)?])?;
     touch_c(c, ino, now)?;
     touch_mc(c, newparent, now)?;
-    attr_of(c, cfg, ino)
+    Ok((attr_of(c, cfg, ino)?, id))
 }
 
 /// Take one name away from `ino` (its dentry is already gone): decrement nlink and, when the
