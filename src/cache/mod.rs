@@ -312,6 +312,16 @@ impl Caches {
         }
     }
 
+    /// `a` was read by the transaction that last changed `a.ino`, after its changes, and the
+    /// writer is still held (so nothing changed it since), after [`Caches::inode_changed`]
+    /// refused the readers in flight: it goes in. After a lost batch nothing does.
+    pub fn put_committed(&self, a: Attr) {
+        self.put_attr(&self.ticket(), a);
+        if self.journal.get().is_some_and(|j| j.errno().is_some()) {
+            self.inode_changed(a.ino);
+        }
+    }
+
     /// `ino`'s stored attributes changed (size, times, mode, owner, link count, blocks). Its
     /// extended attributes did not, so a mark that it has none stays: nothing but a setxattr
     /// gives an existing inode one (see [`Caches::xattrs_changed`]).

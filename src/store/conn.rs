@@ -802,9 +802,19 @@ impl WriterCell {
         w
     }
 
-    /// Run `f` as one atomic operation (see [`Writer::transact`]), after the deferred ones.
-    pub fn transact<T>(&self, f: impl FnOnce(&Connection) -> Result<T, Errno>) -> Result<T, Errno> {
-        let (out, opened) = self.lock().transact(f);
+    /// Run `f` as one atomic operation (see [`Writer::transact`]), after the deferred ones;
+    /// then `after` with its outcome while the writer is still held, so no other change
+    /// reaches the database in between (for caches that take what the transaction read after
+    /// its changes).
+    pub fn transact_then<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, Errno>,
+        after: impl FnOnce(&Result<T, Errno>),
+    ) -> Result<T, Errno> {
+        let mut w = self.lock();
+        let (out, opened) = w.transact(f);
+        after(&out);
+        drop(w);
         if opened {
             self.wake.notify_one();
         }
@@ -863,9 +873,21 @@ impl WriterCell {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
+        self.transact_alone_then(f, |_| ())
+    }
+
+    /// [`WriterCell::transact_alone`], then `after` with its outcome while the writer is still
+    /// held (see [`WriterCell::transact_then`]).
+    pub fn transact_alone_then<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, Errno>,
+        after: impl FnOnce(&Result<T, Errno>),
+    ) -> Result<T, Errno> {
         let mut w = self.lock();
         let _ = w.commit();
-        w.transact_alone(f)
+        let out = w.transact_alone(f);
+        after(&out);
+        out
     }
 
     /// While a batch transaction is open its operations are visible only to the writer

@@ -293,20 +293,35 @@ pub struct SqliteDurability {
 
 impl batch::Durability for SqliteDurability {
     /// Its own transaction, after the open namespace batch commits (so transactions keep the
-    /// order in which operations were answered). The attribute cache is invalidated before
-    /// the batcher drops the committed bytes from the pending map, so a reader merging pending
-    /// state never pairs a stale cached size with a map that no longer holds the bytes.
+    /// order in which operations were answered). The attribute cache is told before the
+    /// batcher drops the committed bytes from the pending map, so a reader merging pending
+    /// state never pairs a stale cached size with a map that no longer holds the bytes: an
+    /// inode whose attributes it held gets them as the transaction read them after writing
+    /// (with the writer still held, so no later change is overwritten), the others' go.
     fn commit_batch(&self, batch: &[Arc<batch::InodeBatch>]) -> Result<(), Errno> {
-        let out = self.writer.transact_alone(|c| {
+        let tx = |c: &rusqlite::Connection| {
+            let mut fresh = Vec::with_capacity(batch.len());
             for b in batch {
                 apply(c, &self.config, b)?;
+                let held = self.caches.attr(b.ino).is_some();
+                let m = if held {
+                    inode::meta_opt(c, b.ino)?
+                } else {
+                    None
+                };
+                fresh.push(m.map(|m| inode::attr(c, &self.config, &m)).transpose()?);
             }
-            Ok(())
-        });
-        for b in batch {
-            self.caches.inode_changed(b.ino);
-        }
-        out
+            Ok(fresh)
+        };
+        let learn = |out: &Result<Vec<Option<Attr>>, Errno>| {
+            for b in batch {
+                self.caches.inode_changed(b.ino);
+            }
+            for a in out.iter().flatten().flatten() {
+                self.caches.put_committed(*a);
+            }
+        };
+        self.writer.transact_alone_then(tx, learn).map(|_| ())
     }
 
     fn barrier(&self) -> Result<(), Errno> {
@@ -621,9 +636,19 @@ impl Store {
         &self,
         f: impl FnOnce(&rusqlite::Connection) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
+        self.write_tx_then(f, |_| ())
+    }
+
+    /// [`Store::write_tx`], then `after` with its outcome while the writer is still held
+    /// ([`conn::WriterCell::transact_then`]).
+    fn write_tx_then<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> Result<T, Errno>,
+        after: impl FnOnce(&Result<T, Errno>),
+    ) -> Result<T, Errno> {
         let w = self.writer.as_ref().ok_or(Errno::EROFS)?;
         self.admit(space::Need::Free)?;
-        w.transact(f)
+        w.transact_then(f, after)
     }
 
     /// Ask the space guard for room (ENOSPC when `need` would take the reserve); it also
@@ -944,23 +969,37 @@ impl Store {
         clear_mtime: bool,
         f: impl FnOnce(&rusqlite::Connection, &[Arc<batch::InodeBatch>]) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
-        let changed = || {
+        self.with_claims_keeping(inos, commits, clear_mtime, f, |_| None)
+    }
+
+    /// [`Store::with_claims`] whose transaction may answer the attributes of one of `inos` as
+    /// it left them (`keep`): the caches take those instead of dropping them, with the writer
+    /// still held, so no later change is overwritten.
+    fn with_claims_keeping<T>(
+        &self,
+        inos: &[Ino],
+        commits: impl Fn(&batch::InodeBatch) -> bool,
+        clear_mtime: bool,
+        f: impl FnOnce(&rusqlite::Connection, &[Arc<batch::InodeBatch>]) -> Result<T, Errno>,
+        keep: impl FnOnce(&T) -> Option<Attr>,
+    ) -> Result<T, Errno> {
+        // Before the claimed bytes leave the pending map (see SqliteDurability::commit_batch).
+        let changed = |out: &Result<T, Errno>| {
             for ino in inos {
                 self.caches.inode_changed(*ino);
             }
+            if let Some(a) = out.as_ref().ok().and_then(keep) {
+                self.caches.put_committed(a);
+            }
         };
         let Some(b) = &self.batch else {
-            let out = self.write_tx(|c| f(c, &[]));
-            changed();
-            return out;
+            return self.write_tx_then(|c| f(c, &[]), changed);
         };
         let mut sorted = inos.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
         let claims: Vec<_> = sorted.iter().filter_map(|i| b.claim(*i)).collect();
-        let out = self.write_tx(|c| f(c, &claims));
-        // Before the claimed bytes leave the pending map (see SqliteDurability::commit_batch).
-        changed();
+        let out = self.write_tx_then(|c| f(c, &claims), changed);
         for cl in &claims {
             let how = if out.is_ok() && commits(cl) {
                 batch::Finish::Committed
@@ -997,7 +1036,7 @@ impl Store {
         let sized = set.size.is_some();
         let commits = |b: &batch::InodeBatch| sized || b.cut.is_some();
         let v0 = self.pending_version();
-        let a = self.with_claims(&[ino], commits, set.mtime.is_some(), |c, claims| {
+        let tx = |c: &rusqlite::Connection, claims: &[Arc<batch::InodeBatch>]| {
             for b in claims {
                 match set.size {
                     Some(size) => put(c, cfg, b, &pieces_below(b, size))?,
@@ -1006,7 +1045,12 @@ impl Store {
                 };
             }
             stat::setattr(c, cfg, ino, set, inode::now())
-        })?;
+        };
+        // The stored attributes as the transaction left them (a chmod, chown or utimes of a
+        // file just written keeps them cached for the listings that follow); a size change
+        // drops them, since bytes it committed leave the pending map only afterwards.
+        let keep = |a: &Attr| (!sized).then_some(*a);
+        let a = self.with_claims_keeping(&[ino], commits, set.mtime.is_some(), tx, keep)?;
         self.answer(ino, v0, a)
     }
 

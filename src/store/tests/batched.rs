@@ -218,3 +218,49 @@ fn an_answer_is_read_again_when_bytes_were_committed_since_its_transaction() {
         "the bytes were committed after the read: read again"
     );
 }
+
+/// A chmod, chown or utimes, and a group commit, leave the attributes they wrote in the cache
+/// (what `tar -x` does to each file before `rm -rf` lists it): the cached copy is what the
+/// database holds, pending bytes merged the same way.
+#[test]
+fn attributes_a_setattr_or_a_commit_wrote_stay_cached_as_stored() {
+    let db = held();
+    let f = db.file(Ino::ROOT, "f");
+    let stored = |what: &str| {
+        let a = inode::attr_of(&db.raw(), &db.config, f).unwrap();
+        if crate::knobs::get().cache {
+            assert_eq!(db.caches.attr(f), Some(a), "{what}: cached as stored");
+        }
+        a
+    };
+    db.write(f, 0, &pattern(10_000, 1)).unwrap();
+    let set = |set: SetAttr| db.setattr(f, &set).unwrap();
+    let a = set(SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    });
+    assert_eq!(
+        (a.mode & 0o7777, a.size),
+        (0o600, 10_000),
+        "pending size merged"
+    );
+    assert_eq!(stored("chmod with bytes pending").size, 0);
+    let at = Timespec { sec: 1000, nsec: 5 };
+    set(SetAttr {
+        mtime: Some(TimeSet::At(at)),
+        uid: Some(7),
+        ..Default::default()
+    });
+    assert_eq!(stored("chown and utimes").uid, 7);
+    assert_eq!(db.getattr(f).unwrap().mtime, at, "the explicit mtime wins");
+    db.sync().unwrap();
+    let a = stored("committed");
+    assert_eq!((a.size, a.mtime), (10_000, at));
+    assert_eq!(db.getattr(f).unwrap(), a);
+    set(SetAttr {
+        size: Some(5),
+        ..Default::default()
+    });
+    assert!(db.caches.attr(f).is_none(), "a size change drops them");
+    assert_eq!(db.getattr(f).unwrap().size, 5);
+}
