@@ -87,7 +87,12 @@ fn the_ring_carries_the_requests_when_the_kernel_offers_it() {
     let mut m = Mounted::new();
     let pid = m.server_pid();
     let (rings, before) = ring_completions(pid);
-    assert!(rings >= 1, "the server holds io_uring instances");
+    assert!(
+        rings >= 1,
+        "the server holds io_uring instances; {PARAM} is {:?}, agentfs status: {}",
+        fs::read_to_string(PARAM).unwrap_or_default().trim(),
+        status_line(pid)
+    );
     workload(&m.mnt);
     gate(&m.mnt);
     let (_, after) = ring_completions(pid);
