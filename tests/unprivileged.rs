@@ -474,3 +474,57 @@ fn an_ordinary_users_ring_mount_reads_large_files_back() {
     common::force_cleanup(&mnt);
     common::assert_consistent(&db);
 }
+
+/// `tar -x` and `rm -rf` of a tree on an ordinary user's mount: the caches answer most of the
+/// unlinks and rmdirs before their statements run (the listings they keep follow every name
+/// the unpacking made), and after the unmount the database holds nothing but its root.
+#[test]
+fn an_ordinary_users_unpacked_tree_is_removed_for_real() {
+    let Some(UserScratch {
+        db,
+        mnt,
+        _mode,
+        dir,
+    }) = user_scratch("an_ordinary_users_unpacked_tree_is_removed_for_real")
+    else {
+        return;
+    };
+    let bin = common::bin();
+    let bin_s = bin.to_str().unwrap();
+    let (db_s, mnt_s) = (db.to_str().unwrap(), mnt.to_str().unwrap());
+    let tar = dir.path().join("tree.tar");
+    let tar_s = tar.to_str().unwrap();
+    user_mount(bin_s, db_s, mnt_s, &[]);
+    let _cleanup = UnmountOnDrop(mnt.clone());
+    let script = format!(
+        "set -e; cd {mnt_s}; for d in a a/b a/b/c e; do mkdir -p src/$d; \
+         for i in 1 2 3 4 5 6; do echo $d$i > src/$d/f$i; chmod 640 src/$d/f$i; done; done; \
+         ln src/a/f1 src/e/link; tar -cf {tar_s} src; rm -rf src; \
+         for n in 1 2 3; do mkdir x$n; tar -xf {tar_s} -C x$n; done; \
+         test \"$(cat x2/src/a/b/f3)\" = a/b3; \
+         rm -rf x1 x2 x3; ls -A"
+    );
+    let out = as_user("sh", &["-c", &script]);
+    assert!(
+        out.status.success(),
+        "tar and rm -rf as the user: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "",
+        "the mount is empty"
+    );
+    let out = as_user(bin_s, &["umount", mnt_s]);
+    assert!(
+        out.status.success(),
+        "user umount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let c = rusqlite::Connection::open(&db).unwrap();
+    let count = |sql: &str| c.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
+    assert_eq!(count("SELECT count(*) FROM fs_dentry"), 0, "no name left");
+    assert_eq!(count("SELECT count(*) FROM fs_inode"), 1, "only the root");
+    drop(c);
+    common::assert_consistent(&db);
+}

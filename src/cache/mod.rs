@@ -75,6 +75,11 @@ pub enum ListingEdit {
     Removed(Ino),
 }
 
+/// Most entries a cached listing may have for a change to be followed in it rather than drop
+/// it: each edit looks the name up in the whole listing, so following every create in a
+/// directory of n entries would cost O(n²).
+const FOLLOW_MAX: usize = 1024;
+
 impl ListingEdit {
     /// Apply the change of `name` to `l`, whether or not `l` already saw it; false when it
     /// cannot be followed (the listing must go). `limit`: most entries a listing may hold.
@@ -83,6 +88,9 @@ impl ListingEdit {
             // Only the note that the directory is too big to cache: it carries no entries.
             return !matches!(self, ListingEdit::Unknown);
         };
+        if es.len() > FOLLOW_MAX {
+            return false;
+        }
         let at = es.iter().position(|x| x.name == name);
         match (self, at) {
             (ListingEdit::Unknown, _) => false,
@@ -516,6 +524,56 @@ mod tests {
             ctime: Default::default(),
             rdev: 0,
         }
+    }
+
+    /// An edit follows the change or says the listing must go: a name added twice or under
+    /// an older cookie, a removed name that now leads elsewhere, a listing too long to search.
+    #[test]
+    fn a_listing_follows_an_edit_or_goes() {
+        let entry = |name: &str, ino: u64, offset: u64| DirEntry {
+            ino: Ino(ino),
+            name: name.as_bytes().to_vec(),
+            kind: libc::S_IFREG,
+            offset,
+        };
+        let mut l = Listing::Entries(vec![entry(".", 1, 1), entry("..", 1, 2), entry("a", 5, 7)]);
+        let add = |e: DirEntry| ListingEdit::Added(e);
+        assert!(add(entry("b", 6, 9)).apply(b"b", &mut l, 100));
+        assert!(
+            add(entry("b", 6, 9)).apply(b"b", &mut l, 100),
+            "seen already"
+        );
+        assert!(
+            !add(entry("c", 8, 8)).apply(b"c", &mut l, 100),
+            "an older cookie"
+        );
+        assert!(
+            !add(entry("d", 9, 10)).apply(b"d", &mut l, 4),
+            "over the limit"
+        );
+        assert!(ListingEdit::Removed(Ino(5)).apply(b"a", &mut l, 100));
+        assert!(
+            ListingEdit::Removed(Ino(5)).apply(b"a", &mut l, 100),
+            "gone already"
+        );
+        assert!(
+            !ListingEdit::Removed(Ino(7)).apply(b"b", &mut l, 100),
+            "another inode"
+        );
+        let Listing::Entries(es) = &l else {
+            unreachable!()
+        };
+        let names: Vec<&[u8]> = es.iter().map(|e| e.name.as_slice()).collect();
+        assert_eq!(names, [&b"."[..], b"..", b"b"]);
+        let many = (0..=FOLLOW_MAX as u64).map(|i| entry(&format!("f{i}"), 10 + i, 3 + i));
+        let mut big = Listing::Entries(many.collect());
+        let last = entry("new", 1, 10 + FOLLOW_MAX as u64);
+        assert!(
+            !add(last).apply(b"new", &mut big, usize::MAX),
+            "too long to follow"
+        );
+        assert!(ListingEdit::Removed(Ino(1)).apply(b"x", &mut Listing::TooBig, 1));
+        assert!(!ListingEdit::Unknown.apply(b"x", &mut Listing::TooBig, 1));
     }
 
     #[test]
