@@ -1148,8 +1148,8 @@ impl Store {
             overlay::apply_effects(c, fx, now)?;
             Ok((made, now))
         });
-        let ((a, id), now, links) = match (out, links) {
-            (Ok(((a, Some(id)), now)), Some(links)) => ((a, id), now, links),
+        let (a, id, now, links) = match (out, links) {
+            (Ok(((a, Some(id)), now)), Some(links)) => (a, id, now, links),
             (out, _) => {
                 self.names_changed(&[(parent, name)], None);
                 return out.map(|((a, _), _)| a);
@@ -1311,6 +1311,7 @@ impl Store {
     /// directory: then the name no longer leads to that inode, or the directory is not empty,
     /// and nothing is removed. Returns the answer (the inode when it keeps other names), None
     /// when the operation must run now.
+    ///
     /// `rmdir`: None for an unlink, Some for an rmdir with the path whose children's
     /// whiteouts go too ([`Store::rmdir_clearing`]).
     fn remove_later(
