@@ -160,29 +160,38 @@ fn kernel_refs() -> crate::dispatch::LookupRefs {
 }
 
 #[test]
-fn an_unlink_the_caches_can_answer_is_acknowledged_before_its_statements_run() {
-    let db = batched();
-    let f = db.file(Ino::ROOT, "f");
-    db.sync().unwrap();
-    // From now on deleting a name fails inside SQLite: an unlink that ran before its reply
-    // would report it.
-    db.raw()
-        .execute_batch(
-            "CREATE TRIGGER boom BEFORE DELETE ON fs_dentry BEGIN SELECT RAISE(ABORT, 'boom'); END;",
-        )
-        .unwrap();
-    let refs = kernel_refs();
-    assert_eq!(db.unlink(Ino::ROOT, b"f", &refs), Ok(None), "acknowledged");
-    // It ran, failed and was lost: sticky, counted, and the caches let go of the change.
-    let e = db.sync().unwrap_err();
-    assert_eq!(db.sync(), Err(e));
-    assert_eq!(
-        db.lookup(Ino::ROOT, b"f").unwrap().ino,
-        f,
-        "the name is back"
-    );
-    let what = db.failure().summary().unwrap();
-    assert!(what.contains("1 acknowledged operation"), "{what}");
+fn a_removal_the_caches_can_answer_is_acknowledged_before_its_statements_run() {
+    for rmdir in [false, true] {
+        let db = batched();
+        let x = match rmdir {
+            false => db.file(Ino::ROOT, "x"),
+            true => db.dir(Ino::ROOT, "x"),
+        };
+        db.sync().unwrap();
+        // From now on deleting a name fails inside SQLite: a removal that ran before its
+        // reply would report it.
+        db.raw()
+            .execute_batch(
+                "CREATE TRIGGER boom BEFORE DELETE ON fs_dentry BEGIN SELECT RAISE(ABORT, 'boom'); END;",
+            )
+            .unwrap();
+        let refs = kernel_refs();
+        let answer = match rmdir {
+            false => db.unlink(Ino::ROOT, b"x", &refs).map(|_| ()),
+            true => db.rmdir(Ino::ROOT, b"x", &refs),
+        };
+        assert_eq!(answer, Ok(()), "rmdir {rmdir}: acknowledged");
+        // It ran, failed and was lost: sticky, counted, and the caches let go of the change.
+        let e = db.sync().unwrap_err();
+        assert_eq!(db.sync(), Err(e));
+        assert_eq!(
+            db.lookup(Ino::ROOT, b"x").unwrap().ino,
+            x,
+            "rmdir {rmdir}: the name is back"
+        );
+        let what = db.failure().summary().unwrap();
+        assert!(what.contains("1 acknowledged operation"), "{what}");
+    }
 }
 
 #[test]
@@ -249,29 +258,6 @@ fn a_later_unlink_leaves_a_name_another_process_gave_to_another_file() {
     db.unlink(Ino::ROOT, b"f", &refs).unwrap();
     db.sync().unwrap();
     assert_eq!(db.q(named), other, "the other file keeps the name");
-}
-
-#[test]
-fn an_rmdir_the_caches_can_answer_is_acknowledged_before_its_statements_run() {
-    let db = batched();
-    let d = db.dir(Ino::ROOT, "d");
-    db.sync().unwrap();
-    db.raw()
-        .execute_batch(
-            "CREATE TRIGGER boom BEFORE DELETE ON fs_dentry BEGIN SELECT RAISE(ABORT, 'boom'); END;",
-        )
-        .unwrap();
-    let refs = kernel_refs();
-    assert_eq!(db.rmdir(Ino::ROOT, b"d", &refs), Ok(()), "acknowledged");
-    let e = db.sync().unwrap_err();
-    assert_eq!(db.sync(), Err(e));
-    assert_eq!(
-        db.lookup(Ino::ROOT, b"d").unwrap().ino,
-        d,
-        "the name is back"
-    );
-    let what = db.failure().summary().unwrap();
-    assert!(what.contains("1 acknowledged operation"), "{what}");
 }
 
 /// `rm -rf` of a fresh tree: every unlink and rmdir is answered from the caches (a new
