@@ -205,6 +205,12 @@ impl Caches {
         }
     }
 
+    /// Whether a lost batch is recorded: the in-place updates and puts that follow a change
+    /// then take back what they did (the loss clears the caches before or after them).
+    fn batch_lost(&self) -> bool {
+        self.journal.get().is_some_and(|j| j.errno().is_some())
+    }
+
     /// Report every changed name to `j` from now on (once; later calls are ignored).
     pub fn set_journal(&self, j: Arc<crate::store::Failure>) {
         let _ = self.journal.set(j);
@@ -313,7 +319,7 @@ impl Caches {
             ];
             self.put_listing(&t, child.ino, Arc::new(Listing::Entries(dots)));
         }
-        if self.journal.get().is_some_and(|j| j.errno().is_some()) {
+        if self.batch_lost() {
             self.name_changed(parent, name, &ListingEdit::Unknown);
             self.inode_changed(child.ino);
             self.dir_changed(child.ino);
@@ -325,7 +331,7 @@ impl Caches {
     /// refused the readers in flight: it goes in. After a lost batch nothing does.
     pub fn put_committed(&self, a: Attr) {
         self.put_attr(&self.ticket(), a);
-        if self.journal.get().is_some_and(|j| j.errno().is_some()) {
+        if self.batch_lost() {
             self.inode_changed(a.ino);
         }
     }
@@ -388,7 +394,7 @@ impl Caches {
                 (!later).then(attr_weight)
             });
         }
-        if self.journal.get().is_some_and(|j| j.errno().is_some()) {
+        if self.batch_lost() {
             self.inode_changed(parent);
             self.dir_changed(parent);
         }

@@ -303,11 +303,9 @@ impl batch::Durability for SqliteDurability {
             let mut fresh = Vec::with_capacity(batch.len());
             for b in batch {
                 apply(c, &self.config, b)?;
-                let held = self.caches.attr(b.ino).is_some();
-                let m = if held {
-                    inode::meta_opt(c, b.ino)?
-                } else {
-                    None
+                let m = match self.caches.attr(b.ino) {
+                    Some(_) => inode::meta_opt(c, b.ino)?,
+                    None => None,
                 };
                 fresh.push(m.map(|m| inode::attr(c, &self.config, &m)).transpose()?);
             }
@@ -1322,7 +1320,6 @@ impl Store {
         live: &dyn Liveness,
     ) -> Option<Option<Ino>> {
         let dir = rmdir.is_some();
-        let clear = rmdir.flatten().map(<[u8]>::to_vec);
         let cap = crate::knobs::get().batch_unlink_queue;
         let w = self.writer.as_ref()?;
         if cap == 0 || self.failure.check().is_err() {
@@ -1345,6 +1342,7 @@ impl Store {
         let now = inode::now();
         let batch = self.batch.clone();
         let owned = name.to_vec();
+        let clear = rmdir.flatten().map(<[u8]>::to_vec);
         let op: conn::Deferred = Box::new(move |c| {
             let Some(found) = inode::dentry(c, parent, &owned)?.filter(|&(_, i)| i == ino) else {
                 return Ok(());
